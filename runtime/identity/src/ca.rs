@@ -1,0 +1,192 @@
+//! Certificate authorities behind one trait. `LocalCa` signs with a root (or intermediate) key from disk, for a
+//! standalone node or a dev mesh; the Istio CA protocol client implements the same trait.
+
+use std::fmt::Debug;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use futures_util::future::BoxFuture;
+
+use crate::Error;
+use crate::spiffe::SpiffeId;
+
+/// A request for one identity's certificate.
+#[derive(Debug, Clone)]
+pub struct CertRequest {
+    /// The identity wanted (the CSR's only SAN).
+    pub identity: SpiffeId,
+    /// PEM CSR.
+    pub csr_pem: String,
+    /// Requested lifetime.
+    pub validity: Duration,
+}
+
+/// A signed chain as PEM, leaf first; the last element may be the root.
+#[derive(Debug, Clone)]
+pub struct IssuedChain {
+    /// PEM certificates, leaf first.
+    pub chain_pem: Vec<String>,
+    /// Roots the CA says to trust (PEM). May be empty when unchanged.
+    pub roots_pem: Vec<String>,
+}
+
+/// Something that signs CSRs for workload identities.
+pub trait CaClient: Send + Sync + Debug + 'static {
+    /// Ask for a certificate. Implementations return an error rather than a certificate for another identity.
+    fn sign<'a>(&'a self, req: &'a CertRequest) -> BoxFuture<'a, Result<IssuedChain, Error>>;
+    /// The trust roots (PEM) known now.
+    fn trust_roots(&self) -> Vec<String>;
+}
+
+/// A CA in-process: signs with a CA certificate and key read from disk. Certificates it issues never touch disk.
+pub struct LocalCa {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    ca_pem: String,
+    roots_pem: Vec<String>,
+}
+
+impl Debug for LocalCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalCa").finish_non_exhaustive()
+    }
+}
+
+impl LocalCa {
+    /// Load a CA certificate and key (PEM). `roots` are the trust anchors to hand out: the CA certificate itself
+    /// when it is a root; the root of its chain when it is an intermediate.
+    pub fn from_pem(ca_cert_pem: &str, ca_key_pem: &str, roots: Vec<String>) -> Result<Self, Error> {
+        let key = rcgen::KeyPair::from_pem(ca_key_pem).map_err(|e| Error::Ca(format!("CA key: {e}")))?;
+        let issuer = rcgen::Issuer::from_ca_cert_pem(ca_cert_pem, key)
+            .map_err(|e| Error::Ca(format!("CA certificate: {e}")))?;
+        let roots_pem = if roots.is_empty() {
+            vec![ca_cert_pem.to_owned()]
+        } else {
+            roots
+        };
+        Ok(Self {
+            issuer,
+            ca_pem: ca_cert_pem.to_owned(),
+            roots_pem,
+        })
+    }
+
+    /// Load `root-cert.pem` and `root-key.pem` (and `cert-chain.pem` / `ca-cert.pem` + `ca-key.pem` for an
+    /// intermediate, as Istio's `cacerts` secret lays them out) from a directory.
+    pub fn from_dir(dir: &Path) -> Result<Self, Error> {
+        let read = |name: &str| {
+            std::fs::read_to_string(dir.join(name))
+                .map_err(|e| Error::Ca(format!("reading {}: {e}", dir.join(name).display())))
+        };
+        if dir.join("ca-cert.pem").exists() {
+            let root = read("root-cert.pem")?;
+            Self::from_pem(&read("ca-cert.pem")?, &read("ca-key.pem")?, vec![root])
+        } else {
+            Self::from_pem(&read("root-cert.pem")?, &read("root-key.pem")?, vec![])
+        }
+    }
+
+    /// Sign a CSR for `identity` directly (used by the trait, by the reference CA server and tests).
+    pub fn sign_csr(
+        &self,
+        identity: &SpiffeId,
+        csr_pem: &str,
+        validity: Duration,
+    ) -> Result<Vec<String>, Error> {
+        let mut csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
+            .map_err(|e| Error::Ca(format!("bad CSR: {e}")))?;
+        let want = identity.to_string();
+        let sans: Vec<String> = csr
+            .params
+            .subject_alt_names
+            .iter()
+            .map(|s| match s {
+                rcgen::SanType::URI(u) => u.as_str().to_owned(),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        if sans != [want.clone()] {
+            return Err(Error::Ca(format!(
+                "CSR must carry exactly the SAN {want}, it carries {sans:?}"
+            )));
+        }
+        let now = SystemTime::now();
+        let p = &mut csr.params;
+        p.not_before = (now - Duration::from_secs(60)).into();
+        p.not_after = (now + validity).into();
+        p.serial_number = Some(rcgen::SerialNumber::from_slice(&rand::random::<[u8; 16]>()));
+        p.distinguished_name = rcgen::DistinguishedName::new();
+        p.is_ca = rcgen::IsCa::ExplicitNoCa;
+        p.key_usages = vec![
+            rcgen::KeyUsagePurpose::DigitalSignature,
+            rcgen::KeyUsagePurpose::KeyEncipherment,
+        ];
+        p.extended_key_usages = vec![
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        p.use_authority_key_identifier_extension = true;
+        let leaf = csr
+            .signed_by(&self.issuer)
+            .map_err(|e| Error::Ca(format!("signing: {e}")))?;
+        let mut chain = vec![leaf.pem()];
+        if !self.roots_pem.contains(&self.ca_pem) {
+            chain.push(self.ca_pem.clone());
+        }
+        chain.extend(self.roots_pem.iter().cloned());
+        Ok(chain)
+    }
+}
+
+impl CaClient for LocalCa {
+    fn sign<'a>(&'a self, req: &'a CertRequest) -> BoxFuture<'a, Result<IssuedChain, Error>> {
+        Box::pin(async move {
+            Ok(IssuedChain {
+                chain_pem: self.sign_csr(&req.identity, &req.csr_pem, req.validity)?,
+                roots_pem: self.roots_pem.clone(),
+            })
+        })
+    }
+
+    fn trust_roots(&self) -> Vec<String> {
+        self.roots_pem.clone()
+    }
+}
+
+/// Generate a self-signed development root for `trust_domain`: returns (certificate PEM, key PEM).
+pub fn generate_root(trust_domain: &str, validity: Duration) -> Result<(String, String), Error> {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(Error::rcgen)?;
+    let mut p = rcgen::CertificateParams::default();
+    let mut dn = rcgen::DistinguishedName::new();
+    dn.push(rcgen::DnType::OrganizationName, trust_domain);
+    dn.push(rcgen::DnType::CommonName, "weft development root");
+    p.distinguished_name = dn;
+    p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    p.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    let now = SystemTime::now();
+    p.not_before = (now - Duration::from_secs(60)).into();
+    p.not_after = (now + validity).into();
+    p.serial_number = Some(rcgen::SerialNumber::from_slice(&rand::random::<[u8; 16]>()));
+    let cert = p.self_signed(&key).map_err(Error::rcgen)?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+/// Write a development root into `dir` as `root-cert.pem` and `root-key.pem` (key readable by the owner only).
+pub fn write_root(dir: &Path, trust_domain: &str, validity: Duration) -> Result<(), Error> {
+    let (cert, key) = generate_root(trust_domain, validity)?;
+    std::fs::create_dir_all(dir).map_err(|e| Error::Ca(format!("creating {}: {e}", dir.display())))?;
+    std::fs::write(dir.join("root-cert.pem"), cert)
+        .map_err(|e| Error::Ca(format!("writing root-cert.pem: {e}")))?;
+    let key_path = dir.join("root-key.pem");
+    std::fs::write(&key_path, key).map_err(|e| Error::Ca(format!("writing root-key.pem: {e}")))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| Error::Ca(format!("chmod root-key.pem: {e}")))?;
+    }
+    Ok(())
+}

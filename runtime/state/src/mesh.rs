@@ -1,0 +1,166 @@
+//! An immutable snapshot of the mesh with the indexes the data path needs (workload by IP, service by VIP).
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::model::{PluginSpec, Policy, Service, TunnelProtocol, Workload};
+
+/// One consistent view of the mesh. Built once per config change and shared read-only.
+#[derive(Debug, Default)]
+pub struct MeshState {
+    /// Monotonic version of this snapshot (1 for the first load).
+    pub version: u64,
+    /// Workloads by uid.
+    pub workloads: BTreeMap<String, Arc<Workload>>,
+    /// Services by `namespace/hostname`.
+    pub services: BTreeMap<String, Arc<Service>>,
+    /// Policies by `namespace/name`.
+    pub policies: BTreeMap<String, Arc<Policy>>,
+    /// Plugin specs by name.
+    pub plugins: BTreeMap<String, Arc<PluginSpec>>,
+    by_ip: HashMap<IpAddr, Arc<Workload>>,
+    by_vip: HashMap<IpAddr, Arc<Service>>,
+    endpoints: HashMap<String, Vec<Arc<Workload>>>,
+    rr: AtomicUsize,
+}
+
+/// Where a connection to some `ip:port` really goes.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The destination workload, if the address is (or the service resolved to) a known workload.
+    pub workload: Option<Arc<Workload>>,
+    /// The service, when a service VIP was targeted.
+    pub service: Option<Arc<Service>>,
+    /// The address to reach: workload IP and target port (or the original address for unknown destinations).
+    pub addr: SocketAddr,
+}
+
+impl Resolved {
+    /// Whether the destination must be reached over HBONE.
+    pub fn is_hbone(&self) -> bool {
+        self.workload
+            .as_ref()
+            .is_some_and(|w| w.protocol == TunnelProtocol::Hbone)
+    }
+}
+
+/// Why a destination could not be resolved.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResolveError {
+    /// A service VIP with no healthy endpoint.
+    #[error("service {0} has no healthy endpoint")]
+    NoHealthyEndpoint(String),
+    /// A service VIP whose port is not declared.
+    #[error("service {service} has no port {port}")]
+    UnknownServicePort {
+        /// Service key.
+        service: String,
+        /// Port asked for.
+        port: u16,
+    },
+}
+
+impl MeshState {
+    /// Build a snapshot and its indexes.
+    pub fn new(
+        version: u64,
+        workloads: Vec<Workload>,
+        services: Vec<Service>,
+        policies: Vec<Policy>,
+        plugins: Vec<PluginSpec>,
+    ) -> Self {
+        let mut s = MeshState {
+            version,
+            ..Default::default()
+        };
+        for w in workloads {
+            let w = Arc::new(w);
+            for ip in &w.addresses {
+                s.by_ip.insert(*ip, w.clone());
+            }
+            for svc in w.services.keys() {
+                s.endpoints.entry(svc.clone()).or_default().push(w.clone());
+            }
+            s.workloads.insert(w.uid.clone(), w);
+        }
+        for svc in services {
+            let svc = Arc::new(svc);
+            for (_, vip) in &svc.vips {
+                s.by_vip.insert(*vip, svc.clone());
+            }
+            s.services.insert(svc.key(), svc);
+        }
+        for p in policies {
+            s.policies.insert(p.key(), Arc::new(p));
+        }
+        for p in plugins {
+            s.plugins.insert(p.name.clone(), Arc::new(p));
+        }
+        s
+    }
+
+    /// The workload that owns `ip`, if any.
+    pub fn workload_by_ip(&self, ip: IpAddr) -> Option<&Arc<Workload>> {
+        self.by_ip.get(&ip)
+    }
+
+    /// The service whose VIP is `ip`, if any.
+    pub fn service_by_vip(&self, ip: IpAddr) -> Option<&Arc<Service>> {
+        self.by_vip.get(&ip)
+    }
+
+    /// Workloads that run on `node`.
+    pub fn local_workloads<'a>(
+        &'a self,
+        node: &'a str,
+    ) -> impl Iterator<Item = &'a Arc<Workload>> + 'a {
+        self.workloads.values().filter(move |w| w.node == node)
+    }
+
+    /// Resolve an original destination: a workload IP, a service VIP (→ a healthy endpoint, round robin, with the
+    /// endpoint's target port), or an address outside the mesh (passed through as is).
+    pub fn resolve(&self, dst: SocketAddr) -> Result<Resolved, ResolveError> {
+        if let Some(svc) = self.by_vip.get(&dst.ip()) {
+            let key = svc.key();
+            let Some(&svc_target) = svc.ports.get(&dst.port()) else {
+                return Err(ResolveError::UnknownServicePort {
+                    service: key,
+                    port: dst.port(),
+                });
+            };
+            let candidates: Vec<&Arc<Workload>> = self
+                .endpoints
+                .get(&key)
+                .map(|v| {
+                    v.iter()
+                        .filter(|w| w.healthy && !w.addresses.is_empty())
+                        .collect()
+                })
+                .unwrap_or_default();
+            if candidates.is_empty() {
+                return Err(ResolveError::NoHealthyEndpoint(key));
+            }
+            let pick = candidates[self.rr.fetch_add(1, Ordering::Relaxed) % candidates.len()];
+            // The endpoint's own port map wins; then the service's target port; then the service port.
+            let port = pick
+                .services
+                .get(&key)
+                .and_then(|m| m.get(&dst.port()).copied())
+                .filter(|p| *p != 0)
+                .or(Some(svc_target).filter(|p| *p != 0))
+                .unwrap_or(dst.port());
+            return Ok(Resolved {
+                workload: Some(pick.clone()),
+                service: Some(svc.clone()),
+                addr: SocketAddr::new(pick.addresses[0], port),
+            });
+        }
+        Ok(Resolved {
+            workload: self.by_ip.get(&dst.ip()).cloned(),
+            service: None,
+            addr: dst,
+        })
+    }
+}

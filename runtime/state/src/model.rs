@@ -1,0 +1,258 @@
+//! The mesh model: workloads, services, authorization policies and plugin specs, as weft uses them at run time.
+//! Sources (the local YAML file today, xDS later) convert into these types; nothing here knows about a source.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use ipnet::IpNet;
+use weft_hooks::WorkloadMeta;
+
+/// How a workload is reached by peers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TunnelProtocol {
+    /// Plain TCP (not in the mesh).
+    #[default]
+    Tcp,
+    /// HBONE: HTTP/2 CONNECT over mutual TLS to port 15008.
+    Hbone,
+}
+
+/// A workload (a pod).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workload {
+    /// Unique id; the resource name in xDS.
+    pub uid: String,
+    /// Pod name.
+    pub name: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Service account (default `default`).
+    pub service_account: String,
+    /// Trust domain (default `cluster.local`).
+    pub trust_domain: String,
+    /// IP addresses.
+    pub addresses: Vec<IpAddr>,
+    /// Network name (empty: the default network).
+    pub network: String,
+    /// HBONE or plain TCP.
+    pub protocol: TunnelProtocol,
+    /// The node it runs on.
+    pub node: String,
+    /// Waypoint address, if the workload has one (kept for the model; weft does not route via waypoints yet).
+    pub waypoint: Option<String>,
+    /// Services this workload backs: `namespace/hostname` → service port → target port.
+    pub services: BTreeMap<String, BTreeMap<u16, u16>>,
+    /// Whether it is healthy (unhealthy workloads are not picked as service endpoints).
+    pub healthy: bool,
+    /// Metadata handed to hooks (built once from the fields above).
+    pub meta: Arc<WorkloadMeta>,
+}
+
+impl Workload {
+    /// `spiffe://<td>/ns/<ns>/sa/<sa>`.
+    pub fn spiffe_id(&self) -> String {
+        format!(
+            "spiffe://{}/ns/{}/sa/{}",
+            self.trust_domain, self.namespace, self.service_account
+        )
+    }
+}
+
+/// A service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Service {
+    /// Short name.
+    pub name: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Hostname (e.g. `echo.default.svc.cluster.local`).
+    pub hostname: String,
+    /// Virtual IPs, each with its network.
+    pub vips: Vec<(String, IpAddr)>,
+    /// Service port → target port (0 = same as the service port, or as the endpoint declares).
+    pub ports: BTreeMap<u16, u16>,
+    /// Extra identities a server for this service may present.
+    pub subject_alt_names: Vec<String>,
+}
+
+impl Service {
+    /// `namespace/hostname`, the key workloads use to name the services they back.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.hostname)
+    }
+}
+
+/// Where a policy applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyScope {
+    /// Every workload in the mesh (policies in the root namespace).
+    Global,
+    /// Every workload of the policy's namespace.
+    Namespace,
+    /// Only workloads that list this policy in their `authorization_policies`.
+    WorkloadSelector,
+}
+
+/// What a matching policy does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyAction {
+    /// Allow matching connections (and deny non-matching ones, when any ALLOW applies).
+    Allow,
+    /// Deny matching connections.
+    Deny,
+}
+
+/// A string match on a principal or namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StringMatch {
+    /// Equal.
+    Exact(String),
+    /// Starts with.
+    Prefix(String),
+    /// Ends with.
+    Suffix(String),
+    /// Any non-empty value.
+    Presence,
+}
+
+/// A service-account match (trust domain ignored).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceAccountMatch {
+    /// Namespace.
+    pub namespace: String,
+    /// Service account name.
+    pub service_account: String,
+}
+
+/// One match: every field kind must pass (AND); values within one kind OR.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PolicyMatch {
+    /// Source namespaces (from the peer identity).
+    pub namespaces: Vec<StringMatch>,
+    /// Negated namespaces.
+    pub not_namespaces: Vec<StringMatch>,
+    /// Source principals (`spiffe://` stripped before matching).
+    pub principals: Vec<StringMatch>,
+    /// Negated principals.
+    pub not_principals: Vec<StringMatch>,
+    /// Source service accounts.
+    pub service_accounts: Vec<ServiceAccountMatch>,
+    /// Negated service accounts.
+    pub not_service_accounts: Vec<ServiceAccountMatch>,
+    /// Source IP ranges.
+    pub source_ips: Vec<IpNet>,
+    /// Negated source IP ranges.
+    pub not_source_ips: Vec<IpNet>,
+    /// Destination IP ranges.
+    pub destination_ips: Vec<IpNet>,
+    /// Negated destination IP ranges.
+    pub not_destination_ips: Vec<IpNet>,
+    /// Destination (target) ports.
+    pub destination_ports: Vec<u16>,
+    /// Negated destination ports.
+    pub not_destination_ports: Vec<u16>,
+}
+
+/// An L4 authorization policy (Istio's `istio.security.Authorization`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Name.
+    pub name: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Scope.
+    pub scope: PolicyScope,
+    /// Action.
+    pub action: PolicyAction,
+    /// Only log what it would do.
+    pub dry_run: bool,
+    /// Rules (OR) → clauses (AND) → matches (OR).
+    pub rules: Vec<Vec<Vec<PolicyMatch>>>,
+}
+
+impl Policy {
+    /// `namespace/name`, the key workloads use in `authorization_policies`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// What kind of plugin a spec loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PluginKind {
+    /// Decides on connections (transport-policy world).
+    Policy,
+    /// Observes connection open and close (telemetry world).
+    Telemetry,
+}
+
+/// What happens when a plugin call fails (trap, timeout, bad output).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailurePolicy {
+    /// Deny the connection (default for policy plugins).
+    FailClosed,
+    /// Allow the connection (policy) / drop the event (telemetry).
+    FailOpen,
+}
+
+/// Where a plugin's code comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PluginSource {
+    /// A file on the node, relative paths resolved against the config file's directory.
+    Path(std::path::PathBuf),
+    /// The component bytes themselves (base64 in the file).
+    Inline(Arc<Vec<u8>>),
+}
+
+/// Which workloads a plugin applies to. Empty lists mean "all".
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkloadSelector {
+    /// Namespaces of the local workload the connection belongs to.
+    pub namespaces: Vec<String>,
+    /// Workload names (pod names) or uids.
+    pub workloads: Vec<String>,
+}
+
+/// Which connections a policy plugin sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PluginDirections {
+    /// Run on inbound connections (destination side).
+    pub inbound: bool,
+    /// Run on outbound connections (source side; egress policy).
+    pub outbound: bool,
+}
+
+impl Default for PluginDirections {
+    fn default() -> Self {
+        Self {
+            inbound: true,
+            outbound: false,
+        }
+    }
+}
+
+/// A plugin the node should run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginSpec {
+    /// Unique name; a new spec with the same name replaces the old one (hot swap).
+    pub name: String,
+    /// Policy or telemetry.
+    pub kind: PluginKind,
+    /// The code.
+    pub source: PluginSource,
+    /// Expected sha256 of the code (hex), checked before compiling when present.
+    pub sha256: Option<String>,
+    /// The plugin's own configuration, handed to `configure` as a string (JSON).
+    pub config: String,
+    /// Failure policy.
+    pub failure_policy: FailurePolicy,
+    /// Lower runs first.
+    pub priority: i32,
+    /// Which workloads it applies to.
+    pub selector: WorkloadSelector,
+    /// Which directions (policy plugins).
+    pub directions: PluginDirections,
+    /// Re-check live connections when this plugin or its state changes (default true).
+    pub recheck: bool,
+}
