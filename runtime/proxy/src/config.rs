@@ -1,0 +1,83 @@
+//! Data-path settings: where each listener binds, how peers are dialled, timeouts and drain.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use weft_hbone::{H2Config, PoolConfig};
+
+/// Ports weft itself uses; a connection addressed to one of them on a workload is refused (self-call protection).
+pub const RESERVED_PORTS: [u16; 4] = [15001, 15006, 15008, 15080];
+
+/// Where the inbound HBONE listener binds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InboundBind {
+    /// One fixed address (e.g. `0.0.0.0:15008` inside a pod or node network namespace).
+    Addr(SocketAddr),
+    /// One listener per local HBONE workload IP on this port, following the state as workloads come and go
+    /// (the in-pod model; also what lets several nodes share one machine on 127.0.0.x).
+    Workloads {
+        /// Port (15008).
+        port: u16,
+    },
+    /// No inbound HBONE.
+    Disabled,
+}
+
+/// Data-path configuration.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// This node's name; workloads whose `node` equals it are local.
+    pub node: String,
+    /// Cluster id (baggage `k8s.cluster.name`).
+    pub cluster_id: String,
+    /// Outbound capture listener (iptables REDIRECT target), `None` to disable.
+    pub outbound_addr: Option<SocketAddr>,
+    /// SOCKS5 listener, `None` to disable.
+    pub socks5_addr: Option<SocketAddr>,
+    /// Inbound plaintext capture listener, `None` to disable.
+    pub inbound_plaintext_addr: Option<SocketAddr>,
+    /// Inbound HBONE listeners.
+    pub inbound: InboundBind,
+    /// Port dialled on peers for HBONE.
+    pub hbone_port: u16,
+    /// `SO_MARK` for every socket weft opens, so capture rules can exclude weft's own traffic.
+    pub mark: Option<u32>,
+    /// Bind outbound connections to the source workload's IP (needed when several workloads share a host,
+    /// e.g. 127.0.0.x meshes; requires the IP to be local).
+    pub bind_source_ip: bool,
+    /// Limit for TCP connect + TLS + HTTP/2 handshake to a peer, and for TCP connect to a local workload.
+    pub connect_timeout: Duration,
+    /// Limit for getting a workload certificate before an outbound connection gives up.
+    pub identity_timeout: Duration,
+    /// A connection with no byte either way for this long is closed.
+    pub idle_timeout: Duration,
+    /// How long a drain waits for open connections before closing them.
+    pub drain_deadline: Duration,
+    /// HTTP/2 settings.
+    pub h2: H2Config,
+    /// HBONE connection pool settings.
+    pub pool: PoolConfig,
+}
+
+impl ProxyConfig {
+    /// Defaults for a node named `node` (ztunnel's ports on all interfaces, SOCKS5 on localhost).
+    pub fn new(node: impl Into<String>) -> Self {
+        Self {
+            node: node.into(),
+            cluster_id: "Kubernetes".into(),
+            outbound_addr: Some(SocketAddr::from(([0, 0, 0, 0], 15001))),
+            socks5_addr: Some(SocketAddr::from(([127, 0, 0, 1], 15080))),
+            inbound_plaintext_addr: Some(SocketAddr::from(([0, 0, 0, 0], 15006))),
+            inbound: InboundBind::Addr(SocketAddr::from(([0, 0, 0, 0], 15008))),
+            hbone_port: 15008,
+            mark: None,
+            bind_source_ip: false,
+            connect_timeout: Duration::from_secs(10),
+            identity_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(3600),
+            drain_deadline: Duration::from_secs(5),
+            h2: H2Config::default(),
+            pool: PoolConfig::default(),
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! Inbound HBONE: mutual TLS terminated with the destination workload's certificate (chosen by the local address
+//! the peer dialled), the peer's SPIFFE identity taken from its verified chain, then one CONNECT stream per
+//! tunnelled connection: authority checked, policy asked, the local workload dialled, bytes copied.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::{HeaderMap, Method, StatusCode};
+use tokio::net::TcpStream;
+use weft_hbone::InboundRequest;
+use weft_hooks::{ConnectionRecord, Direction, Verdict};
+use weft_identity::SpiffeId;
+use weft_state::TunnelProtocol;
+
+use crate::conn::Halves;
+use crate::{Inner, socket};
+
+impl Inner {
+    /// One TCP connection on an HBONE listener.
+    pub(crate) async fn handle_hbone_conn(self: Arc<Self>, tcp: TcpStream, peer: SocketAddr) {
+        let local = match tcp.local_addr() {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::debug!(%peer, error = %e, "no local address");
+                return;
+            }
+        };
+        let state = self.state.current();
+        let Some(wl) = state
+            .workload_by_ip(local.ip())
+            .filter(|w| w.node == self.cfg.node && w.protocol == TunnelProtocol::Hbone)
+            .cloned()
+        else {
+            self.metrics.fail("inbound", "unknown_local_address");
+            tracing::warn!(%peer, %local, "HBONE connection to an address that is no local HBONE workload; closing");
+            return;
+        };
+        let id = match SpiffeId::new(&wl.trust_domain, &wl.namespace, &wl.service_account) {
+            Ok(id) => id,
+            Err(e) => {
+                self.metrics.fail("inbound", "identity");
+                tracing::warn!(%peer, %local, error = %e, "local workload has no valid identity");
+                return;
+            }
+        };
+        let cert = match tokio::time::timeout(self.cfg.identity_timeout, self.identity.fetch(&id)).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                self.metrics.fail("inbound", "identity");
+                tracing::warn!(%peer, identity = %id, error = %e, "no certificate to terminate HBONE with");
+                return;
+            }
+            Err(_) => {
+                self.metrics.fail("inbound", "identity");
+                tracing::warn!(%peer, identity = %id, "certificate fetch timed out");
+                return;
+            }
+        };
+        let server_cfg = match cert.server_config() {
+            Ok(c) => c,
+            Err(e) => {
+                self.metrics.fail("inbound", "tls");
+                tracing::warn!(%peer, error = %e, "TLS config");
+                return;
+            }
+        };
+        let accept = tokio_rustls::TlsAcceptor::from(server_cfg).accept(tcp);
+        let tls = match tokio::time::timeout(self.cfg.connect_timeout, accept).await {
+            Ok(Ok(t)) => t,
+            Ok(Err(e)) => {
+                self.metrics.fail("inbound", "tls");
+                tracing::warn!(%peer, %local, error = %e, "HBONE TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                self.metrics.fail("inbound", "tls");
+                tracing::warn!(%peer, %local, "HBONE TLS handshake timed out");
+                return;
+            }
+        };
+        let peer_id = match tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .map(weft_identity::tls::identity_of)
+        {
+            Some(Ok(id)) => id,
+            other => {
+                self.metrics.fail("inbound", "tls");
+                tracing::warn!(%peer, ?other, "HBONE peer without a usable SPIFFE identity");
+                return;
+            }
+        };
+        let span = tracing::info_span!("hbone", %peer, %local, peer_identity = %peer_id);
+        let _e = span.enter();
+        tracing::debug!("HBONE connection accepted");
+        drop(_e);
+        let me = self.clone();
+        let peer_id = Arc::new(peer_id.to_string());
+        let served = weft_hbone::serve_connection(tls, &self.cfg.h2, self.drain.child_token(), move |req| {
+            let me = me.clone();
+            let peer_id = peer_id.clone();
+            let id = id.clone();
+            async move { me.handle_hbone_stream(req, peer, local, id, peer_id).await }
+        })
+        .await;
+        if let Err(e) = served {
+            tracing::debug!(%peer, error = %e, "HBONE connection ended with an error");
+        }
+    }
+
+    async fn handle_hbone_stream(
+        self: Arc<Self>,
+        req: InboundRequest,
+        peer: SocketAddr,
+        local: SocketAddr,
+        served_id: SpiffeId,
+        peer_id: Arc<String>,
+    ) {
+        let reject = |req: InboundRequest, status: StatusCode, reason: &'static str, why: String| {
+            self.metrics.fail("inbound", reason);
+            tracing::warn!(%peer, authority = req.authority(), %status, "HBONE CONNECT refused: {why}");
+            let _ = req.reject(status);
+        };
+        if req.method() != Method::CONNECT {
+            let m = req.method().to_string();
+            return reject(req, StatusCode::BAD_REQUEST, "bad_request", format!("method {m} is not CONNECT"));
+        }
+        let dst = match req.authority_addr() {
+            Ok(a) => a,
+            Err(e) => return reject(req, StatusCode::BAD_REQUEST, "bad_request", e.to_string()),
+        };
+        let state = self.state.current();
+        let Some(dst_wl) = state
+            .workload_by_ip(dst.ip())
+            .filter(|w| w.node == self.cfg.node)
+            .cloned()
+        else {
+            return reject(req, StatusCode::BAD_REQUEST, "bad_request", format!("{dst} is not a workload on this node"));
+        };
+        if dst_wl.spiffe_id() != served_id.to_string() {
+            return reject(
+                req,
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("{dst} belongs to {} but the tunnel was opened to {served_id} at {local}", dst_wl.spiffe_id()),
+            );
+        }
+        if crate::config::RESERVED_PORTS.contains(&dst.port()) {
+            return reject(req, StatusCode::BAD_REQUEST, "self_call", format!("port {} is weft's own", dst.port()));
+        }
+        let src = forwarded_for(req.headers()).unwrap_or(peer);
+        let src_wl = state
+            .workload_by_ip(src.ip())
+            .filter(|w| w.spiffe_id() == *peer_id)
+            .map(|w| w.meta.clone());
+        let record = Arc::new(ConnectionRecord {
+            id: self.tracker.next_id(),
+            direction: Direction::Inbound,
+            src,
+            dst,
+            peer_identity: Some(peer_id.to_string()),
+            src_workload: src_wl,
+            dst_workload: Some(dst_wl.meta.clone()),
+            dst_service: None,
+            hbone: true,
+        });
+        let hbone_addr = Some(local);
+        if let v @ Verdict::Deny { .. } = self.hooks.authorize(&record) {
+            tracing::info!(conn = record.id, %src, %dst, peer_identity = %peer_id, verdict = ?v, "connection denied by policy");
+            let _ = req.reject(StatusCode::UNAUTHORIZED);
+            self.failed(&record, hbone_addr, "denied", v.clone(), format!("{v:?}"), "DENY");
+            return;
+        }
+        let upstream = tokio::time::timeout(self.cfg.connect_timeout, socket::connect(dst, self.cfg.mark, None)).await;
+        let upstream = match upstream {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                let _ = req.reject(StatusCode::SERVICE_UNAVAILABLE);
+                self.failed(&record, hbone_addr, "connect", Verdict::Allow, format!("connect to {dst}: {e}"), "CONNECT");
+                tracing::warn!(conn = record.id, %dst, error = %e, "local workload refused the connection");
+                return;
+            }
+            Err(_) => {
+                let _ = req.reject(StatusCode::SERVICE_UNAVAILABLE);
+                self.failed(&record, hbone_addr, "connect", Verdict::Allow, format!("connect to {dst}: timed out"), "CONNECT");
+                return;
+            }
+        };
+        let stream = match req.accept(HeaderMap::new()) {
+            Ok(s) => s,
+            Err(e) => {
+                self.failed(&record, hbone_addr, "h2", Verdict::Allow, e.to_string(), "-");
+                return;
+            }
+        };
+        let (tr, tw) = stream.into_split();
+        let (ur, uw) = upstream.into_split();
+        self.run(record, "hbone", hbone_addr, Halves(tr, tw), Halves(ur, uw)).await;
+    }
+}
+
+/// The `for="ip:port"` element of a `forwarded` header.
+fn forwarded_for(h: &HeaderMap) -> Option<SocketAddr> {
+    let v = h.get("forwarded")?.to_str().ok()?;
+    v.split(';').find_map(|part| {
+        let part = part.trim();
+        let val = part.strip_prefix("for=")?;
+        val.trim_matches('"').parse().ok()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_forwarded_for() {
+        let mut h = HeaderMap::new();
+        h.insert("forwarded", "for=\"10.0.0.1:4000\";host=x.svc".parse().unwrap());
+        assert_eq!(forwarded_for(&h), Some("10.0.0.1:4000".parse().unwrap()));
+        h.insert("forwarded", "for=garbage".parse().unwrap());
+        assert_eq!(forwarded_for(&h), None);
+    }
+}

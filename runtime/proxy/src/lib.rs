@@ -1,0 +1,275 @@
+//! weft's data path: the outbound capture and SOCKS5 listeners, inbound HBONE (mTLS + HTTP/2 CONNECT) and inbound
+//! plaintext listeners, connection tracking, the byte relay, and the calls into the connection hooks (policy and
+//! telemetry plugins). It depends on the hook contract, never on the Wasm runtime.
+
+pub mod config;
+mod conn;
+pub mod headers;
+mod inbound;
+pub mod metrics;
+pub mod outbound;
+mod plaintext;
+pub mod relay;
+pub mod socket;
+mod socks5;
+pub mod tracker;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use weft_hooks::ConnectionHooks;
+use weft_identity::SecretManager;
+use weft_state::{StateStore, TunnelProtocol};
+
+pub use config::{InboundBind, ProxyConfig};
+pub use metrics::ProxyMetrics;
+pub use outbound::PoolKey;
+pub use tracker::ConnTracker;
+
+/// Errors starting the data path.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// A listener could not bind.
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind {
+        /// Which listener.
+        what: &'static str,
+        /// Address.
+        addr: SocketAddr,
+        /// Cause.
+        source: std::io::Error,
+    },
+}
+
+/// Shared by every connection task.
+pub(crate) struct Inner {
+    pub(crate) cfg: ProxyConfig,
+    pub(crate) state: Arc<StateStore>,
+    pub(crate) identity: Arc<SecretManager>,
+    pub(crate) hooks: Arc<dyn ConnectionHooks>,
+    pub(crate) pool: weft_hbone::Pool<PoolKey>,
+    pub(crate) tracker: Arc<ConnTracker>,
+    pub(crate) metrics: Arc<ProxyMetrics>,
+    /// Cancelled when the node drains: listeners stop, HBONE servers send GOAWAY.
+    pub(crate) drain: CancellationToken,
+}
+
+/// The running data path.
+pub struct Proxy {
+    inner: Arc<Inner>,
+    listeners: Mutex<HashMap<(&'static str, SocketAddr), JoinHandle<()>>>,
+    bound: Mutex<Vec<(&'static str, SocketAddr)>>,
+    ready: AtomicBool,
+}
+
+impl std::fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proxy").field("node", &self.inner.cfg.node).finish_non_exhaustive()
+    }
+}
+
+impl Proxy {
+    /// Bind every listener and start serving. Must run inside the data-path runtime.
+    pub async fn start(
+        cfg: ProxyConfig,
+        state: Arc<StateStore>,
+        identity: Arc<SecretManager>,
+        hooks: Arc<dyn ConnectionHooks>,
+        metrics: Arc<ProxyMetrics>,
+    ) -> Result<Arc<Self>, ProxyError> {
+        let inner = Arc::new(Inner {
+            pool: weft_hbone::Pool::new(cfg.pool.clone()),
+            cfg,
+            state,
+            identity,
+            hooks,
+            tracker: Arc::new(ConnTracker::default()),
+            metrics,
+            drain: CancellationToken::new(),
+        });
+        let proxy = Arc::new(Self {
+            inner: inner.clone(),
+            listeners: Mutex::new(HashMap::new()),
+            bound: Mutex::new(Vec::new()),
+            ready: AtomicBool::new(false),
+        });
+        let c = &inner.cfg;
+        if let Some(a) = c.outbound_addr {
+            proxy.listen("outbound", a, Inner::handle_captured)?;
+        }
+        if let Some(a) = c.socks5_addr {
+            proxy.listen("socks5", a, Inner::handle_socks5)?;
+        }
+        if let Some(a) = c.inbound_plaintext_addr {
+            proxy.listen("inbound_plaintext", a, Inner::handle_plaintext)?;
+        }
+        match c.inbound.clone() {
+            InboundBind::Addr(a) => proxy.listen("inbound_hbone", a, Inner::handle_hbone_conn)?,
+            InboundBind::Workloads { port } => {
+                proxy.reconcile_workload_listeners(port);
+                let p = proxy.clone();
+                let mut rx = inner.state.subscribe();
+                let drain = inner.drain.clone();
+                tokio::spawn(async move {
+                    loop {
+                        tokio::select! {
+                            r = rx.changed() => if r.is_err() { return },
+                            () = drain.cancelled() => return,
+                        }
+                        p.reconcile_workload_listeners(port);
+                    }
+                });
+            }
+            InboundBind::Disabled => {}
+        }
+        proxy.spawn_rechecker();
+        proxy.ready.store(true, Ordering::Release);
+        Ok(proxy)
+    }
+
+    fn listen<F, Fut>(self: &Arc<Self>, what: &'static str, addr: SocketAddr, handler: F) -> Result<(), ProxyError>
+    where
+        F: Fn(Arc<Inner>, TcpStream, SocketAddr) -> Fut + Send + Sync + Copy + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let lis = socket::listen(addr).map_err(|source| ProxyError::Bind { what, addr, source })?;
+        let actual = lis.local_addr().unwrap_or(addr);
+        tracing::info!(listener = what, addr = %actual, "listening");
+        let task = tokio::spawn(accept_loop(self.inner.clone(), lis, what, handler));
+        self.lock_listeners().insert((what, addr), task);
+        self.bound
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((what, actual));
+        Ok(())
+    }
+
+    fn lock_listeners(&self) -> std::sync::MutexGuard<'_, HashMap<(&'static str, SocketAddr), JoinHandle<()>>> {
+        self.listeners.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// One HBONE listener per local HBONE workload IP; listeners of departed workloads stop accepting (their open
+    /// connections continue).
+    fn reconcile_workload_listeners(self: &Arc<Self>, port: u16) {
+        let state = self.inner.state.current();
+        let want: Vec<SocketAddr> = state
+            .local_workloads(&self.inner.cfg.node)
+            .filter(|w| w.protocol == TunnelProtocol::Hbone)
+            .flat_map(|w| w.addresses.iter().map(|ip| SocketAddr::new(*ip, port)))
+            .collect();
+        let stale: Vec<(&'static str, SocketAddr)> = self
+            .lock_listeners()
+            .keys()
+            .filter(|(what, a)| *what == "inbound_hbone" && !want.contains(a))
+            .copied()
+            .collect();
+        for key in stale {
+            if let Some(t) = self.lock_listeners().remove(&key) {
+                tracing::info!(addr = %key.1, "workload left: HBONE listener stopped");
+                t.abort();
+            }
+            self.bound
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .retain(|b| *b != key);
+        }
+        for addr in want {
+            if self.lock_listeners().contains_key(&("inbound_hbone", addr)) {
+                continue;
+            }
+            if let Err(e) = self.listen("inbound_hbone", addr, Inner::handle_hbone_conn) {
+                self.inner.metrics.fail("inbound", "listen");
+                tracing::error!(error = %e, "cannot serve HBONE for a local workload");
+            }
+        }
+    }
+
+    fn spawn_rechecker(self: &Arc<Self>) {
+        let inner = self.inner.clone();
+        let mut rx = inner.hooks.policy_changes();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    r = rx.changed() => if r.is_err() { return },
+                    () = inner.drain.cancelled() => return,
+                }
+                let n = inner.tracker.recheck(inner.hooks.as_ref());
+                if n > 0 {
+                    tracing::info!(closed = n, "policy re-check closed live connections");
+                }
+            }
+        });
+    }
+
+    /// Whether every configured listener is bound.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire) && !self.inner.drain.is_cancelled()
+    }
+
+    /// The addresses actually bound, by listener name (ephemeral ports resolved).
+    pub fn bound_addrs(&self) -> Vec<(&'static str, SocketAddr)> {
+        self.bound
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Live connections.
+    pub fn tracker(&self) -> &Arc<ConnTracker> {
+        &self.inner.tracker
+    }
+
+    /// HBONE connections pooled now.
+    pub fn pooled_connections(&self) -> usize {
+        self.inner.pool.connections()
+    }
+
+    /// Drain: stop accepting, GOAWAY every HBONE connection, wait up to the deadline for connections to finish,
+    /// then close what is left.
+    pub async fn drain(&self) {
+        tracing::info!(live = self.inner.tracker.len(), deadline = ?self.inner.cfg.drain_deadline, "draining");
+        self.inner.drain.cancel();
+        for (_, t) in self.lock_listeners().drain() {
+            t.abort();
+        }
+        let waited = tokio::time::timeout(self.inner.cfg.drain_deadline, self.inner.tracker.wait_empty()).await;
+        if waited.is_err() {
+            tracing::warn!(live = self.inner.tracker.len(), "drain deadline reached: closing remaining connections");
+            self.inner.tracker.close_all();
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), self.inner.tracker.wait_empty()).await;
+        }
+        tracing::info!("drained");
+    }
+}
+
+async fn accept_loop<F, Fut>(inner: Arc<Inner>, lis: TcpListener, what: &'static str, handler: F)
+where
+    F: Fn(Arc<Inner>, TcpStream, SocketAddr) -> Fut + Send + Sync + Copy + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    loop {
+        let accepted = tokio::select! {
+            a = lis.accept() => a,
+            () = inner.drain.cancelled() => return,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                let _ = stream.set_nodelay(true);
+                let inner = inner.clone();
+                let span = tracing::debug_span!("conn", listener = what, %peer);
+                tokio::spawn(tracing::Instrument::instrument(handler(inner, stream, peer), span));
+            }
+            Err(e) => {
+                // EMFILE and friends: back off briefly instead of spinning.
+                tracing::warn!(listener = what, error = %e, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
+}

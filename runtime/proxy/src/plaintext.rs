@@ -1,0 +1,65 @@
+//! Inbound plaintext: a non-mesh client's connection to a local workload, captured to 15006. There is no peer
+//! identity; policy decides on addresses alone.
+
+use std::sync::Arc;
+
+use tokio::net::TcpStream;
+use weft_hooks::{ConnectionRecord, Direction, Verdict};
+
+use crate::conn::Halves;
+use crate::{Inner, socket};
+
+impl Inner {
+    /// One captured plaintext inbound connection.
+    pub(crate) async fn handle_plaintext(self: Arc<Self>, client: TcpStream, src: std::net::SocketAddr) {
+        let dst = match socket::original_dst(&client) {
+            Ok(d) if Some(d) != client.local_addr().ok() => d,
+            Ok(_) | Err(_) => {
+                self.metrics.fail("inbound", "no_original_dst");
+                tracing::warn!(%src, "plaintext inbound connection without an original destination; closing");
+                return;
+            }
+        };
+        let state = self.state.current();
+        let Some(dst_wl) = state
+            .workload_by_ip(dst.ip())
+            .filter(|w| w.node == self.cfg.node)
+            .cloned()
+        else {
+            self.metrics.fail("inbound", "unknown_destination");
+            tracing::warn!(%src, %dst, "plaintext inbound to an address that is no local workload; closing");
+            return;
+        };
+        let record = Arc::new(ConnectionRecord {
+            id: self.tracker.next_id(),
+            direction: Direction::Inbound,
+            src,
+            dst,
+            peer_identity: None,
+            src_workload: state.workload_by_ip(src.ip()).map(|w| w.meta.clone()),
+            dst_workload: Some(dst_wl.meta.clone()),
+            dst_service: None,
+            hbone: false,
+        });
+        if let v @ Verdict::Deny { .. } = self.hooks.authorize(&record) {
+            tracing::info!(conn = record.id, %src, %dst, verdict = ?v, "plaintext connection denied by policy");
+            self.failed(&record, None, "denied", v.clone(), format!("{v:?}"), "DENY");
+            return;
+        }
+        let upstream = tokio::time::timeout(self.cfg.connect_timeout, socket::connect(dst, self.cfg.mark, None)).await;
+        let upstream = match upstream {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                self.failed(&record, None, "connect", Verdict::Allow, format!("connect to {dst}: {e}"), "CONNECT");
+                return;
+            }
+            Err(_) => {
+                self.failed(&record, None, "connect", Verdict::Allow, format!("connect to {dst}: timed out"), "CONNECT");
+                return;
+            }
+        };
+        let (cr, cw) = client.into_split();
+        let (ur, uw) = upstream.into_split();
+        self.run(record, "plaintext", None, Halves(cr, cw), Halves(ur, uw)).await;
+    }
+}
