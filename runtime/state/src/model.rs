@@ -6,10 +6,12 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use ipnet::IpNet;
+use serde::Serialize;
 use weft_hooks::WorkloadMeta;
 
 /// How a workload is reached by peers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
 pub enum TunnelProtocol {
     /// Plain TCP (not in the mesh).
     #[default]
@@ -19,7 +21,8 @@ pub enum TunnelProtocol {
 }
 
 /// A workload (a pod).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Workload {
     /// Unique id; the resource name in xDS.
     pub uid: String,
@@ -46,6 +49,7 @@ pub struct Workload {
     /// Whether it is healthy (unhealthy workloads are not picked as service endpoints).
     pub healthy: bool,
     /// Metadata handed to hooks (built once from the fields above).
+    #[serde(skip)]
     pub meta: Arc<WorkloadMeta>,
 }
 
@@ -60,7 +64,8 @@ impl Workload {
 }
 
 /// A service.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Service {
     /// Short name.
     pub name: String,
@@ -84,7 +89,8 @@ impl Service {
 }
 
 /// Where a policy applies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub enum PolicyScope {
     /// Every workload in the mesh (policies in the root namespace).
     Global,
@@ -95,7 +101,8 @@ pub enum PolicyScope {
 }
 
 /// What a matching policy does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub enum PolicyAction {
     /// Allow matching connections (and deny non-matching ones, when any ALLOW applies).
     Allow,
@@ -104,7 +111,8 @@ pub enum PolicyAction {
 }
 
 /// A string match on a principal or namespace.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub enum StringMatch {
     /// Equal.
     Exact(String),
@@ -117,7 +125,8 @@ pub enum StringMatch {
 }
 
 /// A service-account match (trust domain ignored).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ServiceAccountMatch {
     /// Namespace.
     pub namespace: String,
@@ -126,7 +135,8 @@ pub struct ServiceAccountMatch {
 }
 
 /// One match: every field kind must pass (AND); values within one kind OR.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct PolicyMatch {
     /// Source namespaces (from the peer identity).
     pub namespaces: Vec<StringMatch>,
@@ -155,7 +165,8 @@ pub struct PolicyMatch {
 }
 
 /// An L4 authorization policy (Istio's `istio.security.Authorization`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Policy {
     /// Name.
     pub name: String,
@@ -179,7 +190,8 @@ impl Policy {
 }
 
 /// What kind of plugin a spec loads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub enum PluginKind {
     /// Decides on connections (transport-policy world).
     Policy,
@@ -188,7 +200,8 @@ pub enum PluginKind {
 }
 
 /// What happens when a plugin call fails (trap, timeout, bad output).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub enum FailurePolicy {
     /// Deny the connection (default for policy plugins).
     FailClosed,
@@ -197,16 +210,18 @@ pub enum FailurePolicy {
 }
 
 /// Where a plugin's code comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub enum PluginSource {
     /// A file on the node, relative paths resolved against the config file's directory.
     Path(std::path::PathBuf),
     /// The component bytes themselves (base64 in the file).
-    Inline(Arc<Vec<u8>>),
+    Inline(#[serde(serialize_with = "inline_len")] Arc<Vec<u8>>),
 }
 
 /// Which workloads a plugin applies to. Empty lists mean "all".
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct WorkloadSelector {
     /// Namespaces of the local workload the connection belongs to.
     pub namespaces: Vec<String>,
@@ -215,7 +230,8 @@ pub struct WorkloadSelector {
 }
 
 /// Which connections a policy plugin sees.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct PluginDirections {
     /// Run on inbound connections (destination side).
     pub inbound: bool,
@@ -233,7 +249,8 @@ impl Default for PluginDirections {
 }
 
 /// A plugin the node should run.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct PluginSpec {
     /// Unique name; a new spec with the same name replaces the old one (hot swap).
     pub name: String,
@@ -255,4 +272,8 @@ pub struct PluginSpec {
     pub directions: PluginDirections,
     /// Re-check live connections when this plugin or its state changes (default true).
     pub recheck: bool,
+}
+
+fn inline_len<S: serde::Serializer>(bytes: &Arc<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format!("<{} bytes inline>", bytes.len()))
 }

@@ -1,0 +1,180 @@
+//! weft's operator-facing HTTP servers: admin (15000, localhost only: `/config_dump`, `/logging`,
+//! `/quitquitquit`), metrics (15020: `/stats/prometheus`) and readiness (15021: `/healthz/ready`). They run on the
+//! control runtime, never on the data path, and know nothing of the proxy: the binary supplies an [`AdminHandler`].
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// What the servers ask the rest of weft.
+pub trait AdminHandler: Send + Sync + 'static {
+    /// The full state as JSON: `workloads`, `services`, `policies`, `certificates`, `plugins`, `config`, `version`.
+    fn config_dump(&self) -> serde_json::Value;
+    /// `Ok` when ready; otherwise what is still pending.
+    fn readiness(&self) -> Result<(), Vec<String>>;
+    /// The current log filter.
+    fn log_level(&self) -> String;
+    /// Replace the log filter (`info`, `weft_proxy=debug,info`, ...); returns the new filter.
+    fn set_log_level(&self, level: &str) -> Result<String, String>;
+    /// Prometheus text exposition of every metric.
+    fn metrics(&self) -> String;
+    /// Start a graceful shutdown (drain).
+    fn quit(&self);
+}
+
+/// Errors starting a server.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// Bind failed.
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind {
+        /// Which server.
+        what: &'static str,
+        /// Address.
+        addr: SocketAddr,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The admin server must stay on loopback.
+    #[error("the admin server must listen on a loopback address, not {0}")]
+    NotLoopback(SocketAddr),
+}
+
+/// Which server a listener is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Server {
+    /// 15000.
+    Admin,
+    /// 15020.
+    Metrics,
+    /// 15021.
+    Readiness,
+}
+
+impl Server {
+    fn name(self) -> &'static str {
+        match self {
+            Server::Admin => "admin",
+            Server::Metrics => "metrics",
+            Server::Readiness => "readiness",
+        }
+    }
+}
+
+/// Bind and serve one of the servers until `stop` is cancelled; returns the bound address.
+pub async fn serve(
+    which: Server,
+    addr: SocketAddr,
+    handler: Arc<dyn AdminHandler>,
+    stop: CancellationToken,
+) -> Result<SocketAddr, AdminError> {
+    if which == Server::Admin && !addr.ip().is_loopback() {
+        return Err(AdminError::NotLoopback(addr));
+    }
+    let lis = TcpListener::bind(addr).await.map_err(|source| AdminError::Bind {
+        what: which.name(),
+        addr,
+        source,
+    })?;
+    let bound = lis.local_addr().unwrap_or(addr);
+    tracing::info!(server = which.name(), addr = %bound, "listening");
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = tokio::select! {
+                a = lis.accept() => match a {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "admin accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                () = stop.cancelled() => return,
+            };
+            let handler = handler.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req| {
+                    let handler = handler.clone();
+                    async move { Ok::<_, Infallible>(route(which, handler.as_ref(), req).await) }
+                });
+                if let Err(e) = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await
+                {
+                    tracing::debug!(error = %e, "admin connection error");
+                }
+            });
+        }
+    });
+    Ok(bound)
+}
+
+fn text(status: StatusCode, body: impl Into<Bytes>, ctype: &'static str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    if let Ok(v) = hyper::header::HeaderValue::from_str(ctype) {
+        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+    }
+    r
+}
+
+fn query_param<'a>(req: &'a Request<Incoming>, key: &str) -> Option<&'a str> {
+    req.uri()
+        .query()?
+        .split('&')
+        .find_map(|kv| kv.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+}
+
+async fn route(which: Server, h: &dyn AdminHandler, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    const PLAIN: &str = "text/plain; charset=utf-8";
+    const JSON: &str = "application/json";
+    let path = req.uri().path().to_owned();
+    match (which, req.method(), path.as_str()) {
+        (Server::Readiness, &Method::GET, "/healthz/ready") => match h.readiness() {
+            Ok(()) => text(StatusCode::OK, "ready\n", PLAIN),
+            Err(pending) => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("not ready: {}\n", pending.join(", ")),
+                PLAIN,
+            ),
+        },
+        (Server::Metrics, &Method::GET, "/stats/prometheus" | "/metrics") => text(
+            StatusCode::OK,
+            h.metrics(),
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        ),
+        (Server::Admin, &Method::GET, "/config_dump") => {
+            let body = serde_json::to_vec_pretty(&h.config_dump()).unwrap_or_default();
+            text(StatusCode::OK, body, JSON)
+        }
+        (Server::Admin, &Method::GET, "/logging") => text(StatusCode::OK, format!("{}\n", h.log_level()), PLAIN),
+        (Server::Admin, &Method::POST, "/logging") => match query_param(&req, "level") {
+            Some(level) => match h.set_log_level(level) {
+                Ok(now) => {
+                    tracing::info!(filter = %now, "log level changed");
+                    text(StatusCode::OK, format!("{now}\n"), PLAIN)
+                }
+                Err(e) => text(StatusCode::BAD_REQUEST, format!("{e}\n"), PLAIN),
+            },
+            None => text(StatusCode::BAD_REQUEST, "usage: POST /logging?level=<filter>\n", PLAIN),
+        },
+        (Server::Admin, &Method::POST, "/quitquitquit") => {
+            h.quit();
+            text(StatusCode::OK, "draining\n", PLAIN)
+        }
+        (Server::Admin, &Method::GET, "/") => text(
+            StatusCode::OK,
+            "GET /config_dump\nGET /logging\nPOST /logging?level=<filter>\nPOST /quitquitquit\n",
+            PLAIN,
+        ),
+        _ => text(StatusCode::NOT_FOUND, "not found\n", PLAIN),
+    }
+}

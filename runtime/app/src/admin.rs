@@ -1,0 +1,147 @@
+//! The admin glue: what `/config_dump`, `/healthz/ready`, `/logging` and `/stats/prometheus` show of this node.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use weft_admin::AdminHandler;
+use weft_identity::SecretManager;
+use weft_proxy::Proxy;
+use weft_state::{StateStore, TunnelProtocol};
+
+use crate::logging::LogControl;
+
+/// Everything the admin servers read.
+pub struct Node {
+    pub node: String,
+    pub state: Arc<StateStore>,
+    pub identity: Arc<SecretManager>,
+    pub proxy: std::sync::OnceLock<Arc<Proxy>>,
+    pub registry: Registry,
+    pub logs: LogControl,
+    pub quit: CancellationToken,
+    pub plugins: Box<dyn Fn() -> serde_json::Value + Send + Sync>,
+}
+
+impl AdminHandler for Node {
+    fn config_dump(&self) -> serde_json::Value {
+        let s = self.state.current();
+        json!({
+            "version": s.version,
+            "node": self.node,
+            "config": {
+                "loaded": self.state.is_loaded(),
+                "acceptedReloads": self.state.accepted_reloads(),
+                "refusedReloads": self.state.refused_reloads(),
+                "lastError": self.state.last_error(),
+            },
+            "workloads": s.workloads.values().map(|w| serde_json::to_value(w.as_ref()).unwrap_or_default()).collect::<Vec<_>>(),
+            "services": s.services.values().map(|v| serde_json::to_value(v.as_ref()).unwrap_or_default()).collect::<Vec<_>>(),
+            "policies": s.policies.values().map(|v| serde_json::to_value(v.as_ref()).unwrap_or_default()).collect::<Vec<_>>(),
+            "certificates": self.identity.dump(),
+            "plugins": (self.plugins)(),
+            "connections": {
+                "live": self.proxy.get().map(|p| p.tracker().len()).unwrap_or(0),
+                "pooledHbone": self.proxy.get().map(|p| p.pooled_connections()).unwrap_or(0),
+            },
+        })
+    }
+
+    fn readiness(&self) -> Result<(), Vec<String>> {
+        let mut pending = Vec::new();
+        if !self.state.is_loaded() {
+            pending.push("config not loaded".to_owned());
+        }
+        if !self.proxy.get().is_some_and(|p| p.is_ready()) {
+            pending.push("listeners not up".to_owned());
+        }
+        // Like ztunnel: not ready until every local HBONE workload has its certificate.
+        let local: BTreeSet<String> = self
+            .state
+            .current()
+            .local_workloads(&self.node)
+            .filter(|w| w.protocol == TunnelProtocol::Hbone)
+            .map(|w| w.spiffe_id())
+            .collect();
+        let have: BTreeSet<String> = self
+            .identity
+            .dump()
+            .into_iter()
+            .filter(|c| c.state == "Available")
+            .map(|c| c.identity)
+            .collect();
+        let missing: Vec<&String> = local.difference(&have).collect();
+        if !missing.is_empty() {
+            pending.push(format!(
+                "certificates pending for {}",
+                missing.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+            ));
+        }
+        if pending.is_empty() { Ok(()) } else { Err(pending) }
+    }
+
+    fn log_level(&self) -> String {
+        self.logs.current()
+    }
+
+    fn set_log_level(&self, level: &str) -> Result<String, String> {
+        self.logs.set(level)
+    }
+
+    fn metrics(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::warn!(error = %e, "encoding metrics");
+        }
+        out
+    }
+
+    fn quit(&self) {
+        self.quit.cancel();
+    }
+}
+
+/// Exposes counters that live in other crates (config reloads, CA calls, certificate expiry).
+#[derive(Debug)]
+pub struct NodeCollector {
+    pub state: Arc<StateStore>,
+    pub identity: Arc<SecretManager>,
+}
+
+impl Collector for NodeCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let counters = [
+            ("weft_config_reloads_accepted", "Config updates applied", self.state.accepted_reloads()),
+            ("weft_config_reloads_refused", "Config updates refused (last good config kept)", self.state.refused_reloads()),
+            ("weft_certificate_fetches", "Certificate requests sent to the CA", self.identity.counters().fetches.load(Relaxed)),
+            ("weft_certificate_fetch_failures", "Certificate requests that failed", self.identity.counters().failures.load(Relaxed)),
+        ];
+        for (name, help, v) in counters {
+            let m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+            ConstCounter::new(v).encode(m)?;
+        }
+        let expiry = self
+            .identity
+            .soonest_expiry()
+            .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+            .unwrap_or(-1);
+        let m = enc.encode_descriptor(
+            "weft_certificate_soonest_expiry_seconds",
+            "Seconds until the soonest workload certificate expires (-1: none held)",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(expiry).encode(m)?;
+        let m = enc.encode_descriptor("weft_config_version", "Version of the mesh state in force", None, MetricType::Gauge)?;
+        ConstGauge::new(i64::try_from(self.state.version()).unwrap_or(i64::MAX)).encode(m)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,177 @@
+//! Command line and environment: `weft run` (the node proxy), `weft ca init` (a development root), `weft demo`
+//! (a two-node mesh on this machine).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// weft: a node proxy for sidecar-less service meshes.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the node proxy.
+    Run(Box<RunArgs>),
+    /// Certificate authority helpers.
+    #[command(subcommand)]
+    Ca(CaCommand),
+    /// Start a two-node mesh on 127.0.0.x, send traffic through it and show the mTLS identities.
+    Demo(DemoArgs),
+}
+
+/// `weft ca ...`
+#[derive(Debug, Subcommand)]
+pub enum CaCommand {
+    /// Write a development root (root-cert.pem, root-key.pem) into a directory.
+    Init {
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+        /// Trust domain recorded in the root's subject.
+        #[arg(long, default_value = "cluster.local")]
+        trust_domain: String,
+        /// Root lifetime.
+        #[arg(long, default_value = "3650d", value_parser = humantime::parse_duration)]
+        validity: Duration,
+    },
+}
+
+/// `weft demo`
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Keep the mesh running until Ctrl-C after the traffic has been shown.
+    #[arg(long)]
+    pub keep: bool,
+}
+
+/// A listener address, or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listen {
+    /// Bind here.
+    At(SocketAddr),
+    /// Disabled.
+    Off,
+}
+
+fn parse_listen(s: &str) -> Result<Listen, String> {
+    if s == "off" {
+        return Ok(Listen::Off);
+    }
+    s.parse().map(Listen::At).map_err(|e| format!("{s:?}: {e} (expected ip:port or off)"))
+}
+
+/// Where inbound HBONE listens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HboneListen {
+    /// One address.
+    At(SocketAddr),
+    /// One listener per local workload IP.
+    Workloads,
+    /// Disabled.
+    Off,
+}
+
+fn parse_hbone(s: &str) -> Result<HboneListen, String> {
+    match s {
+        "off" => Ok(HboneListen::Off),
+        "workloads" => Ok(HboneListen::Workloads),
+        _ => s
+            .parse()
+            .map(HboneListen::At)
+            .map_err(|e| format!("{s:?}: {e} (expected ip:port, workloads or off)")),
+    }
+}
+
+fn parse_mark(s: &str) -> Result<u32, String> {
+    let r = match s.strip_prefix("0x") {
+        Some(h) => u32::from_str_radix(h, 16),
+        None => s.parse(),
+    };
+    r.map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `weft run`
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Mesh config file (ztunnel's local-config format plus `plugins`); watched for edits.
+    #[arg(long, env = "WEFT_CONFIG")]
+    pub config: PathBuf,
+    /// This node's name (workloads with this `node` are local).
+    #[arg(long, env = "NODE_NAME")]
+    pub node: String,
+    /// Directory with the local CA: root-cert.pem + root-key.pem (or ca-cert.pem + ca-key.pem + root-cert.pem).
+    #[arg(long, env = "WEFT_CA_DIR")]
+    pub ca_dir: PathBuf,
+    /// Lifetime of workload certificates.
+    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+    pub cert_validity: Duration,
+    /// Cluster id.
+    #[arg(long, env = "CLUSTER_ID", default_value = "Kubernetes")]
+    pub cluster_id: String,
+    /// Outbound capture listener (iptables REDIRECT target).
+    #[arg(long, default_value = "0.0.0.0:15001", value_parser = parse_listen)]
+    pub outbound: Listen,
+    /// SOCKS5 listener.
+    #[arg(long, default_value = "127.0.0.1:15080", value_parser = parse_listen)]
+    pub socks5: Listen,
+    /// Inbound plaintext capture listener.
+    #[arg(long, default_value = "0.0.0.0:15006", value_parser = parse_listen)]
+    pub inbound_plaintext: Listen,
+    /// Inbound HBONE: an address, `workloads` (one listener per local workload IP on --hbone-port), or `off`.
+    #[arg(long, default_value = "0.0.0.0:15008", value_parser = parse_hbone)]
+    pub hbone: HboneListen,
+    /// Port dialled on peers for HBONE.
+    #[arg(long, default_value_t = 15008)]
+    pub hbone_port: u16,
+    /// Admin server (loopback only).
+    #[arg(long, default_value = "127.0.0.1:15000", value_parser = parse_listen)]
+    pub admin: Listen,
+    /// Metrics server.
+    #[arg(long, default_value = "0.0.0.0:15020", value_parser = parse_listen)]
+    pub metrics: Listen,
+    /// Readiness server.
+    #[arg(long, default_value = "0.0.0.0:15021", value_parser = parse_listen)]
+    pub readiness: Listen,
+    /// SO_MARK for weft's own sockets (capture rules skip them); e.g. 0x539.
+    #[arg(long, value_parser = parse_mark)]
+    pub mark: Option<u32>,
+    /// Bind outbound connections to the source workload's IP.
+    #[arg(long)]
+    pub bind_source_ip: bool,
+    /// Close connections idle for this long.
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    pub idle_timeout: Duration,
+    /// How long a drain waits for connections.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub drain_deadline: Duration,
+    /// How often the config file is checked for edits.
+    #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
+    pub config_poll: Duration,
+    /// Data-path worker threads.
+    #[arg(long, default_value_t = 2)]
+    pub worker_threads: usize,
+    /// Log filter (tracing EnvFilter syntax); changeable at run time via POST /logging.
+    #[arg(long, env = "WEFT_LOG", default_value = "info")]
+    pub log: String,
+    /// Log format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}

@@ -1,0 +1,27 @@
+//! The weft node proxy: command line, wiring of state, identity, data path and admin, runtimes, signals, drain,
+//! and the `demo` that runs a two-node mesh on this machine.
+
+pub mod admin;
+pub mod cli;
+pub mod demo;
+pub mod logging;
+pub mod run;
+
+use cli::{CaCommand, Cli, Command};
+
+/// Run a parsed command line.
+pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Run(args) => run::run(*args),
+        Command::Ca(CaCommand::Init {
+            out,
+            trust_domain,
+            validity,
+        }) => {
+            weft_identity::ca::write_root(&out, &trust_domain, validity)?;
+            println!("wrote {}/root-cert.pem and root-key.pem", out.display());
+            Ok(())
+        }
+        Command::Demo(args) => demo::run(args),
+    }
+}

@@ -1,0 +1,57 @@
+//! Logging: tracing to stderr (text or JSON), with a filter that `/logging` can change at run time.
+
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Registry, reload};
+
+use crate::cli::LogFormat;
+
+/// Handle to change the log filter.
+#[derive(Clone)]
+pub struct LogControl {
+    handle: reload::Handle<EnvFilter, Registry>,
+}
+
+impl std::fmt::Debug for LogControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogControl").finish_non_exhaustive()
+    }
+}
+
+impl LogControl {
+    /// The current filter.
+    pub fn current(&self) -> String {
+        self.handle
+            .with_current(|f| f.to_string())
+            .unwrap_or_else(|e| format!("unknown ({e})"))
+    }
+
+    /// Replace the filter.
+    pub fn set(&self, filter: &str) -> Result<String, String> {
+        let f = EnvFilter::try_new(filter).map_err(|e| format!("bad filter {filter:?}: {e}"))?;
+        self.handle.reload(f).map_err(|e| e.to_string())?;
+        Ok(self.current())
+    }
+}
+
+/// Install the global subscriber.
+pub fn init(filter: &str, format: LogFormat) -> anyhow::Result<LogControl> {
+    let filter = EnvFilter::try_new(filter).map_err(|e| anyhow::anyhow!("bad log filter {filter:?}: {e}"))?;
+    let (layer, handle) = reload::Layer::new(filter);
+    let reg = tracing_subscriber::registry().with(layer);
+    match format {
+        LogFormat::Text => reg
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .try_init()?,
+        LogFormat::Json => reg
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .flatten_event(true)
+                    .with_current_span(false)
+                    .with_writer(std::io::stderr),
+            )
+            .try_init()?,
+    }
+    Ok(LogControl { handle })
+}

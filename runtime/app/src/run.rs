@@ -1,0 +1,153 @@
+//! `weft run`: load the config, build the identity manager and the data path, serve admin, wait for a signal,
+//! drain. Two runtimes: a single-threaded control runtime (config watch, certificates, admin, metrics) and the
+//! multi-threaded data-path runtime, so a slow scrape or a config storm never stalls traffic.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+use weft_admin::{AdminHandler, Server};
+use weft_hooks::{ConnectionHooks, NoHooks};
+use weft_identity::{LocalCa, ManagerConfig, SecretManager, SpiffeId};
+use weft_proxy::{InboundBind, Proxy, ProxyConfig, ProxyMetrics};
+use weft_state::{StateStore, TunnelProtocol};
+
+use crate::admin::{Node, NodeCollector};
+use crate::cli::{HboneListen, Listen, RunArgs};
+use crate::logging;
+
+fn opt(l: Listen) -> Option<std::net::SocketAddr> {
+    match l {
+        Listen::At(a) => Some(a),
+        Listen::Off => None,
+    }
+}
+
+fn proxy_config(a: &RunArgs) -> ProxyConfig {
+    let mut c = ProxyConfig::new(a.node.clone());
+    c.cluster_id = a.cluster_id.clone();
+    c.outbound_addr = opt(a.outbound);
+    c.socks5_addr = opt(a.socks5);
+    c.inbound_plaintext_addr = opt(a.inbound_plaintext);
+    c.inbound = match a.hbone {
+        HboneListen::At(addr) => InboundBind::Addr(addr),
+        HboneListen::Workloads => InboundBind::Workloads { port: a.hbone_port },
+        HboneListen::Off => InboundBind::Disabled,
+    };
+    c.hbone_port = a.hbone_port;
+    c.mark = a.mark;
+    c.bind_source_ip = a.bind_source_ip;
+    c.idle_timeout = a.idle_timeout;
+    c.drain_deadline = a.drain_deadline;
+    c
+}
+
+/// Identities of the HBONE workloads on this node: the only ones this node may hold certificates for.
+fn local_identities(state: &StateStore, node: &str) -> HashSet<SpiffeId> {
+    state
+        .current()
+        .local_workloads(node)
+        .filter(|w| w.protocol == TunnelProtocol::Hbone)
+        .filter_map(|w| match SpiffeId::new(&w.trust_domain, &w.namespace, &w.service_account) {
+            Ok(id) => Some(id),
+            Err(e) => {
+                tracing::warn!(workload = %w.uid, error = %e, "workload has no valid identity");
+                None
+            }
+        })
+        .collect()
+}
+
+/// Run the node until SIGTERM/SIGINT or `/quitquitquit`, then drain.
+pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    let logs = logging::init(&args.log, args.log_format)?;
+    let control = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .thread_name("weft-control")
+        .build()?;
+    let data = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.worker_threads.max(1))
+        .enable_all()
+        .thread_name("weft-data")
+        .build()?;
+
+    let state = Arc::new(StateStore::new());
+    weft_state::load_into(&args.config, &state).with_context(|| "loading the mesh config".to_owned())?;
+    let ca = LocalCa::from_dir(&args.ca_dir).context("loading the local CA")?;
+    let identity = SecretManager::new(
+        Arc::new(ca),
+        ManagerConfig {
+            validity: args.cert_validity,
+            ..ManagerConfig::default()
+        },
+    );
+    let hooks: Arc<dyn ConnectionHooks> = Arc::new(NoHooks::default());
+
+    let metrics = Arc::new(ProxyMetrics::default());
+    let mut registry = Registry::default();
+    metrics.register(&mut registry);
+    registry.register_collector(Box::new(NodeCollector {
+        state: state.clone(),
+        identity: identity.clone(),
+    }));
+    let quit = CancellationToken::new();
+    let node = Arc::new(Node {
+        node: args.node.clone(),
+        state: state.clone(),
+        identity: identity.clone(),
+        proxy: std::sync::OnceLock::new(),
+        registry,
+        logs,
+        quit: quit.clone(),
+        plugins: Box::new(|| serde_json::json!([])),
+    });
+    let pcfg = proxy_config(&args);
+    tracing::info!(node = %args.node, config = %args.config.display(), version = state.version(), "weft starting");
+
+    control.block_on(async {
+        let _watch = weft_state::watch_file(args.config.clone(), state.clone(), args.config_poll);
+        let _refresh = identity.spawn_refresher(Duration::from_secs(1));
+        identity.retain(&local_identities(&state, &args.node));
+        {
+            let (state, identity, node_name) = (state.clone(), identity.clone(), args.node.clone());
+            let mut rx = state.subscribe();
+            tokio::spawn(async move {
+                while rx.changed().await.is_ok() {
+                    identity.retain(&local_identities(&state, &node_name));
+                }
+            });
+        }
+        let stop_admin = CancellationToken::new();
+        let handler: Arc<dyn AdminHandler> = node.clone();
+        for (which, l) in [
+            (Server::Admin, args.admin),
+            (Server::Metrics, args.metrics),
+            (Server::Readiness, args.readiness),
+        ] {
+            if let Listen::At(addr) = l {
+                weft_admin::serve(which, addr, handler.clone(), stop_admin.clone()).await?;
+            }
+        }
+        let proxy = data
+            .spawn(Proxy::start(pcfg, state.clone(), identity.clone(), hooks, metrics))
+            .await
+            .context("data path task")??;
+        let _ = node.proxy.set(proxy.clone());
+        tracing::info!("weft ready to serve");
+
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            r = tokio::signal::ctrl_c() => { r?; tracing::info!("SIGINT received") }
+            () = quit.cancelled() => tracing::info!("/quitquitquit received"),
+        }
+        data.spawn(async move { proxy.drain().await }).await?;
+        stop_admin.cancel();
+        anyhow::Ok(())
+    })?;
+    data.shutdown_timeout(Duration::from_secs(1));
+    Ok(())
+}

@@ -1,0 +1,41 @@
+//! A mesh of real weft processes on one machine: node processes with their admin endpoints and logs, echo
+//! workloads, a SOCKS5 client, plain HTTP/1.1 requests, and a way to run code inside a network namespace. Used by
+//! `weft demo` and by the conformance suite, so both exercise exactly the same thing.
+
+pub mod http;
+pub mod netns;
+pub mod node;
+pub mod socks5;
+pub mod workload;
+
+pub use node::{NodeOptions, NodeProcess};
+
+use std::path::{Path, PathBuf};
+
+/// Write a development root CA into `dir` (root-cert.pem, root-key.pem).
+pub fn write_dev_ca(dir: &Path, trust_domain: &str) -> Result<(), weft_identity::Error> {
+    weft_identity::ca::write_root(dir, trust_domain, std::time::Duration::from_secs(24 * 3600))
+}
+
+/// The weft binary for tests: `$WEFT_BIN`, or `weft` in the target directory that holds the running test
+/// executable (`target/<profile>/deps/<test>` → `target/<profile>/weft`).
+pub fn weft_binary() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("WEFT_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    for _ in 0..3 {
+        let cand = dir.join("weft");
+        if cand.is_file() {
+            return Ok(cand);
+        }
+        if !dir.pop() {
+            break;
+        }
+    }
+    Err(format!(
+        "weft binary not found next to {}; build it first (`cargo build -p weft`) or set WEFT_BIN",
+        exe.display()
+    ))
+}
