@@ -108,8 +108,9 @@ pub enum LogFormat {
     Json,
 }
 
-/// `weft run`
+/// `weft run` (a flag given twice: the last one wins)
 #[derive(Debug, Args)]
+#[command(args_override_self = true)]
 pub struct RunArgs {
     /// Mesh config file (ztunnel's local-config format plus `plugins`); watched for edits.
     #[arg(long, env = "WEFT_CONFIG")]

@@ -26,11 +26,12 @@ pub fn run(cmd: &str, args: &[&str]) -> Result<(), String> {
     }
 }
 
-/// A network namespace deleted on drop.
+/// A network namespace, deleted on drop unless it is a borrowed handle.
 #[derive(Debug)]
 pub struct Netns {
     /// Its name (as `ip netns` knows it).
     pub name: String,
+    owned: bool,
 }
 
 impl Netns {
@@ -38,7 +39,10 @@ impl Netns {
     pub fn create(name: &str) -> Result<Self, String> {
         let _ = ip(&["netns", "del", name]);
         ip(&["netns", "add", name])?;
-        let ns = Netns { name: name.to_owned() };
+        let ns = Netns {
+            name: name.to_owned(),
+            owned: true,
+        };
         ns.exec("ip", &["link", "set", "lo", "up"])?;
         Ok(ns)
     }
@@ -70,8 +74,21 @@ impl Netns {
     }
 }
 
+impl Netns {
+    /// A handle to an existing namespace that does not delete it on drop.
+    pub fn existing(name: &str) -> Self {
+        Netns {
+            name: name.to_owned(),
+            owned: false,
+        }
+    }
+}
+
 impl Drop for Netns {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         let _ = ip(&["netns", "del", &self.name]);
     }
 }

@@ -67,9 +67,27 @@ pub struct NodeProcess {
     pub socks5: SocketAddr,
     /// Log file.
     pub log_path: PathBuf,
+    netns: Option<String>,
 }
 
 impl NodeProcess {
+    /// One HTTP request to one of the node's servers, from inside its network namespace when it has one.
+    pub async fn http(&self, addr: SocketAddr, method: &str, path: &str) -> std::io::Result<(u16, String)> {
+        match &self.netns {
+            None => crate::http::request(addr, method, path).await,
+            Some(ns) => {
+                let ns = crate::netns::Netns::existing(ns);
+                let (method, path) = (method.to_owned(), path.to_owned());
+                let handle = ns.run(move || async move { crate::http::request(addr, &method, &path).await });
+                tokio::task::spawn_blocking(move || handle.join())
+                    .await
+                    .map_err(std::io::Error::other)?
+                    .map_err(|_| std::io::Error::other("netns thread panicked"))?
+                    .map_err(std::io::Error::other)?
+            }
+        }
+    }
+
     /// Start `weft run` with `opts`.
     pub fn spawn(weft: &Path, opts: &NodeOptions) -> std::io::Result<Self> {
         let at = |port| SocketAddr::new(opts.control_ip, port);
@@ -117,6 +135,7 @@ impl NodeProcess {
             readiness,
             socks5,
             log_path: opts.log_path.clone(),
+            netns: opts.netns.clone(),
         })
     }
 
@@ -130,7 +149,7 @@ impl NodeProcess {
             {
                 return Err(format!("node {} exited ({status}) before ready:\n{}", self.name, self.log_tail(30)));
             }
-            match crate::http::get(self.readiness, "/healthz/ready").await {
+            match self.http(self.readiness, "GET", "/healthz/ready").await {
                 Ok((200, _)) => return Ok(()),
                 Ok((code, body)) => last = format!("{code} {}", body.trim()),
                 Err(e) => last = e.to_string(),
@@ -142,7 +161,7 @@ impl NodeProcess {
 
     /// GET from the admin server; returns (status, body).
     pub async fn admin_get(&self, path: &str) -> std::io::Result<(u16, String)> {
-        crate::http::get(self.admin, path).await
+        self.http(self.admin, "GET", path).await
     }
 
     /// The `/config_dump` JSON.
@@ -156,7 +175,7 @@ impl NodeProcess {
 
     /// The Prometheus text from `/stats/prometheus`.
     pub async fn scrape(&self) -> Result<String, String> {
-        match crate::http::get(self.metrics, "/stats/prometheus").await {
+        match self.http(self.metrics, "GET", "/stats/prometheus").await {
             Ok((200, body)) => Ok(body),
             Ok((code, body)) => Err(format!("{code} {body}")),
             Err(e) => Err(e.to_string()),
