@@ -1,0 +1,212 @@
+//! HBONE server: accepts CONNECT streams on one HTTP/2 connection and hands each to a handler.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use h2::RecvStream;
+use h2::server::SendResponse;
+use http::{HeaderMap, Method, Response, StatusCode, Uri};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::config::H2Config;
+use crate::counter::{StreamCounter, StreamDropGuard};
+use crate::stream::H2Stream;
+use crate::{Error, keepalive};
+
+/// Parses a CONNECT authority that must be a literal socket address: `ip:port`, IPv6 as
+/// `[ip]:port`. Hostnames, a missing port and port 0 are [`Error::BadAuthority`].
+pub fn parse_authority(authority: &str) -> Result<SocketAddr, Error> {
+    match authority.parse::<SocketAddr>() {
+        Ok(addr) if addr.port() != 0 => Ok(addr),
+        _ => Err(Error::BadAuthority(authority.to_owned())),
+    }
+}
+
+/// One inbound request on an HBONE connection, normally a CONNECT. The handler must answer it
+/// with [`accept`](Self::accept) or [`reject`](Self::reject); dropping it unanswered resets the
+/// stream.
+pub struct InboundRequest {
+    parts: http::request::Parts,
+    recv: RecvStream,
+    respond: SendResponse<Bytes>,
+    guard: StreamDropGuard,
+    chunk: usize,
+}
+
+impl std::fmt::Debug for InboundRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InboundRequest")
+            .field("method", &self.parts.method)
+            .field("authority", &self.authority())
+            .field("headers", &self.parts.headers)
+            .finish_non_exhaustive()
+    }
+}
+
+impl InboundRequest {
+    /// The request method (`CONNECT` for HBONE).
+    pub fn method(&self) -> &Method {
+        &self.parts.method
+    }
+
+    /// The raw `:authority`, or `""` if the request had none.
+    pub fn authority(&self) -> &str {
+        self.parts.uri.authority().map_or("", |a| a.as_str())
+    }
+
+    /// The `:authority` as a socket address; see [`parse_authority`].
+    pub fn authority_addr(&self) -> Result<SocketAddr, Error> {
+        parse_authority(self.authority())
+    }
+
+    /// The full request URI as h2 parsed it.
+    pub fn uri(&self) -> &Uri {
+        &self.parts.uri
+    }
+
+    /// The request headers (pseudo-headers excluded).
+    pub fn headers(&self) -> &HeaderMap {
+        &self.parts.headers
+    }
+
+    /// Validation helper for handlers: the CONNECT target, or the status to
+    /// [`reject`](Self::reject) with (400 for a non-CONNECT method or an authority that is not
+    /// `ip:port`). Policy (401) and upstream failures (503) are the handler's to decide.
+    pub fn connect_target(&self) -> Result<SocketAddr, StatusCode> {
+        if self.parts.method != Method::CONNECT {
+            return Err(StatusCode::BAD_REQUEST);
+        }
+        self.authority_addr().map_err(|_| StatusCode::BAD_REQUEST)
+    }
+
+    /// Answers with `status` (400, 401, 503, ...) and ends the stream; no tunnel is opened.
+    pub fn reject(self, status: StatusCode) -> Result<(), Error> {
+        self.reject_with_headers(status, HeaderMap::new())
+    }
+
+    /// Like [`reject`](Self::reject), with response headers.
+    pub fn reject_with_headers(
+        mut self,
+        status: StatusCode,
+        headers: HeaderMap,
+    ) -> Result<(), Error> {
+        let mut resp = Response::builder().status(status).body(())?;
+        *resp.headers_mut() = headers;
+        self.respond.send_response(resp, true)?;
+        tracing::debug!(authority = self.authority(), %status, "hbone request rejected");
+        Ok(())
+    }
+
+    /// Answers 200 with `response_headers` and returns the tunnel.
+    pub fn accept(mut self, response_headers: HeaderMap) -> Result<H2Stream, Error> {
+        let mut resp = Response::builder().status(StatusCode::OK).body(())?;
+        *resp.headers_mut() = response_headers;
+        let send = self.respond.send_response(resp, false)?;
+        Ok(H2Stream::new(send, self.recv, Some(self.guard), self.chunk))
+    }
+}
+
+/// Serves one HBONE connection on `io` (already TLS-wrapped by the caller) until it closes.
+///
+/// Each inbound stream becomes an [`InboundRequest`] passed to `handler`, whose future runs on
+/// its own spawned task. Method and authority checks are the handler's job (see
+/// [`InboundRequest::connect_target`]).
+///
+/// When `shutdown` is cancelled the server sends GOAWAY (graceful shutdown): the peer stops
+/// opening streams, streams it had already sent are still dispatched, and this keeps driving
+/// the connection until every open stream has finished, then returns `Ok(())`. To bound the
+/// drain, drop this future (for example with `tokio::time::timeout`): that aborts the remaining
+/// streams.
+///
+/// Returns `Ok(())` when the connection closes cleanly and an error for a failed handshake, a
+/// connection error (including the peer closing TCP abruptly) or a keepalive timeout.
+pub async fn serve_connection<IO, H, Fut>(
+    io: IO,
+    cfg: &H2Config,
+    shutdown: CancellationToken,
+    handler: H,
+) -> Result<(), Error>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+    H: Fn(InboundRequest) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let mut conn = tokio::select! {
+        res = cfg.server_builder().handshake::<_, Bytes>(io) => res?,
+        _ = shutdown.cancelled() => return Ok(()),
+    };
+    let keepalive = keepalive::run(
+        conn.ping_pong(),
+        cfg.keepalive_interval,
+        cfg.keepalive_timeout,
+    );
+    tokio::pin!(keepalive);
+    let counter = Arc::new(StreamCounter::new());
+    let chunk = cfg.write_chunk();
+    let mut draining = false;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled(), if !draining => {
+                tracing::debug!(open_streams = counter.active(), "hbone server draining connection");
+                conn.graceful_shutdown();
+                draining = true;
+            }
+            e = &mut keepalive => {
+                tracing::debug!(error = %e, "hbone server keepalive failed, closing");
+                conn.abrupt_shutdown(h2::Reason::NO_ERROR);
+                return Err(e);
+            }
+            next = conn.accept() => match next {
+                None => {
+                    tracing::debug!("hbone server connection closed");
+                    return Ok(());
+                }
+                Some(Err(e)) => return Err(e.into()),
+                Some(Ok((request, respond))) => {
+                    let (parts, recv) = request.into_parts();
+                    let req = InboundRequest {
+                        parts,
+                        recv,
+                        respond,
+                        guard: counter.guard(),
+                        chunk,
+                    };
+                    tracing::trace!(?req, "hbone inbound stream");
+                    tokio::spawn(handler(req).in_current_span());
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn authority_must_be_ip_and_port() {
+        assert_eq!(
+            parse_authority("10.0.0.1:8080").ok(),
+            Some(SocketAddr::from(([10, 0, 0, 1], 8080)))
+        );
+        assert!(parse_authority("[fd00::1]:443").is_ok());
+        for bad in [
+            "example.com:80",
+            "10.0.0.1",
+            "fd00::1:443",
+            "[fd00::1]",
+            "10.0.0.1:0",
+            "10.0.0.1:99999",
+            "",
+            "user@10.0.0.1:80",
+        ] {
+            assert!(
+                matches!(parse_authority(bad), Err(Error::BadAuthority(_))),
+                "{bad} accepted"
+            );
+        }
+    }
+}

@@ -1,0 +1,285 @@
+//! Connection pool behaviour against a loopback HBONE echo server.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::{TestServer, WAIT, dial, eventually};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::timeout;
+use weft_hbone::{ConnectRequest, Error, H2Client, H2Config, H2Stream, Pool, PoolConfig};
+
+/// A connect function for the pool that dials `addr` and counts its calls.
+fn dialer(
+    addr: SocketAddr,
+    calls: &Arc<AtomicUsize>,
+    delay: Duration,
+) -> impl FnOnce() -> std::pin::Pin<Box<dyn Future<Output = Result<H2Client, Error>> + Send>> + use<>
+{
+    let calls = calls.clone();
+    move || {
+        Box::pin(async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(delay).await;
+            dial(addr, &H2Config::default()).await
+        })
+    }
+}
+
+async fn ping(stream: &mut H2Stream) {
+    stream.write_all(b"x").await.expect("write");
+    let mut b = [0u8; 1];
+    timeout(WAIT, stream.read_exact(&mut b))
+        .await
+        .expect("timeout")
+        .expect("read");
+    assert_eq!(&b, b"x");
+}
+
+fn req() -> ConnectRequest {
+    ConnectRequest::new("127.0.0.1:80")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequential_requests_reuse_one_connection() {
+    let server = TestServer::echo(H2Config::default()).await;
+    let pool = Pool::new(PoolConfig::default());
+    let calls = Arc::new(AtomicUsize::new(0));
+    for _ in 0..5 {
+        let (mut s, _) = pool
+            .connect("k", req(), dialer(server.addr, &calls, Duration::ZERO))
+            .await
+            .expect("connect");
+        ping(&mut s).await;
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(pool.created_total(), 1);
+    assert_eq!(pool.connections(), 1);
+    assert_eq!(server.accepted(), 1);
+    assert_eq!(pool.active_streams(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opens_second_connection_when_max_streams_reached() {
+    let server = TestServer::echo(H2Config::default()).await;
+    let pool = Pool::new(PoolConfig {
+        max_streams_per_conn: 2,
+        ..Default::default()
+    });
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let (s, _) = pool
+            .connect(1u32, req(), dialer(server.addr, &calls, Duration::ZERO))
+            .await
+            .expect("connect");
+        held.push(s);
+    }
+    assert_eq!(pool.created_total(), 2);
+    assert_eq!(pool.connections_for(&1), 2);
+    assert_eq!(pool.active_streams(), 3);
+    for s in &mut held {
+        ping(s).await;
+    }
+    // A freed slot on the first connection is reused rather than dialing again.
+    held.remove(0);
+    let (mut s, _) = pool
+        .connect(1u32, req(), dialer(server.addr, &calls, Duration::ZERO))
+        .await
+        .expect("connect");
+    ping(&mut s).await;
+    assert_eq!(pool.created_total(), 2);
+    // Another key never shares.
+    let _other = pool
+        .connect(2u32, req(), dialer(server.addr, &calls, Duration::ZERO))
+        .await
+        .expect("connect");
+    assert_eq!(pool.created_total(), 3);
+    assert_eq!(server.accepted(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_first_requests_create_one_connection() {
+    let server = TestServer::echo(H2Config::default()).await;
+    let pool = Pool::new(PoolConfig::default());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let pool = pool.clone();
+        let dial = dialer(server.addr, &calls, Duration::from_millis(100));
+        tasks.push(tokio::spawn(async move {
+            let (mut s, _) = pool.connect("key", req(), dial).await.expect("connect");
+            ping(&mut s).await;
+            s
+        }));
+    }
+    let mut streams = Vec::new();
+    for t in tasks {
+        streams.push(timeout(WAIT, t).await.expect("timeout").expect("task"));
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "connect_fn called more than once"
+    );
+    assert_eq!(pool.created_total(), 1);
+    assert_eq!(server.accepted(), 1);
+    assert_eq!(pool.active_streams(), 50);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_connect_is_shared_with_waiters_then_retried() {
+    let pool: Pool<&str> = Pool::new(PoolConfig::default());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..10 {
+        let (pool, calls) = (pool.clone(), calls.clone());
+        tasks.push(tokio::spawn(async move {
+            pool.connect("down", req(), move || async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Err::<H2Client, _>(std::io::Error::other("no route"))
+            })
+            .await
+        }));
+    }
+    for t in tasks {
+        match t.await.expect("task") {
+            Err(Error::ConnectFailed(e)) => assert!(e.to_string().contains("no route")),
+            other => panic!("expected ConnectFailed, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "waiters must share the failed attempt"
+    );
+    // A later request tries again.
+    let server = TestServer::echo(H2Config::default()).await;
+    let (mut s, _) = pool
+        .connect("down", req(), dialer(server.addr, &calls, Duration::ZERO))
+        .await
+        .expect("connect after failure");
+    ping(&mut s).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_connection_is_dropped_and_replaced() {
+    let server = TestServer::echo(H2Config::default()).await;
+    let pool = Pool::new(PoolConfig::default());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (mut s, _) = pool
+        .connect("k", req(), dialer(server.addr, &calls, Duration::ZERO))
+        .await
+        .expect("connect");
+    ping(&mut s).await;
+    drop(s);
+    // Kill the TCP connection from the server side, and reconnect at once.
+    server.abort_conn(0);
+    let (mut s, _) = pool
+        .connect("k", req(), dialer(server.addr, &calls, Duration::ZERO))
+        .await
+        .expect("connect after kill");
+    ping(&mut s).await;
+    assert_eq!(pool.created_total(), 2);
+    assert_eq!(pool.connections(), 1);
+    drop(s);
+
+    // A GOAWAY (graceful server shutdown) retires the connection too.
+    server.goaway_conn(1);
+    eventually("goaway seen", || {
+        pool.snapshot()
+            .iter()
+            .all(|(_, c)| c.iter().all(|c| !c.is_ready()))
+    })
+    .await;
+    let (mut s, _) = pool
+        .connect("k", req(), dialer(server.addr, &calls, Duration::ZERO))
+        .await
+        .expect("connect after goaway");
+    ping(&mut s).await;
+    assert_eq!(pool.created_total(), 3);
+    assert_eq!(pool.connections(), 1);
+    assert_eq!(server.conn_result(1).await, Ok(()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_released() {
+    let server = TestServer::echo(H2Config::default()).await;
+    let pool = Pool::new(PoolConfig {
+        idle_timeout: Duration::from_millis(300),
+        ..Default::default()
+    });
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (mut busy, _) = pool
+        .connect("busy", req(), dialer(server.addr, &calls, Duration::ZERO))
+        .await
+        .expect("connect");
+    let (mut idle, _) = pool
+        .connect("idle", req(), dialer(server.addr, &calls, Duration::ZERO))
+        .await
+        .expect("connect");
+    ping(&mut idle).await;
+    drop(idle);
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(pool.connections_for(&"idle"), 0, "idle connection kept");
+    assert_eq!(pool.connections_for(&"busy"), 1, "busy connection released");
+    ping(&mut busy).await;
+    // Released connection closes (server side sees it end).
+    eventually("server saw idle close", || server.closed() == 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_closes_when_pool_dropped() {
+    let server = TestServer::echo(H2Config::default()).await;
+    let pool = Pool::new(PoolConfig::default());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (mut s, _) = pool
+        .connect("k", req(), dialer(server.addr, &calls, Duration::ZERO))
+        .await
+        .expect("connect");
+    drop(pool);
+    // Streams outlive the pool.
+    ping(&mut s).await;
+    assert_eq!(server.closed(), 0);
+    drop(s);
+    eventually("connection closed after last stream", || {
+        server.closed() == 1
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_concurrent_stream_limit_caps_connection_use() {
+    let server_cfg = H2Config {
+        max_concurrent_streams: 2,
+        ..Default::default()
+    };
+    let server = TestServer::echo(server_cfg).await;
+    let pool = Pool::new(PoolConfig::default());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let (mut s, _) = pool
+            .connect("k", req(), dialer(server.addr, &calls, Duration::ZERO))
+            .await
+            .expect("connect");
+        ping(&mut s).await;
+        held.push(s);
+    }
+    // The server's SETTINGS (max 2 streams) have arrived: a third stream needs a new connection
+    // instead of queueing behind the peer's limit.
+    let (mut s, _) = timeout(
+        WAIT,
+        pool.connect("k", req(), dialer(server.addr, &calls, Duration::ZERO)),
+    )
+    .await
+    .expect("queued behind peer limit")
+    .expect("connect");
+    ping(&mut s).await;
+    assert_eq!(pool.created_total(), 2);
+}
