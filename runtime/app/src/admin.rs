@@ -50,6 +50,7 @@ impl AdminHandler for Node {
             "connections": {
                 "live": self.proxy.get().map(|p| p.tracker().len()).unwrap_or(0),
                 "pooledHbone": self.proxy.get().map(|p| p.pooled_connections()).unwrap_or(0),
+                "hboneCreated": self.proxy.get().map(|p| p.hbone_connections_created()).unwrap_or(0),
             },
         })
     }
@@ -81,10 +82,18 @@ impl AdminHandler for Node {
         if !missing.is_empty() {
             pending.push(format!(
                 "certificates pending for {}",
-                missing.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                missing
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ));
         }
-        if pending.is_empty() { Ok(()) } else { Err(pending) }
+        if pending.is_empty() {
+            Ok(())
+        } else {
+            Err(pending)
+        }
     }
 
     fn log_level(&self) -> String {
@@ -119,10 +128,26 @@ impl Collector for NodeCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         use std::sync::atomic::Ordering::Relaxed;
         let counters = [
-            ("weft_config_reloads_accepted", "Config updates applied", self.state.accepted_reloads()),
-            ("weft_config_reloads_refused", "Config updates refused (last good config kept)", self.state.refused_reloads()),
-            ("weft_certificate_fetches", "Certificate requests sent to the CA", self.identity.counters().fetches.load(Relaxed)),
-            ("weft_certificate_fetch_failures", "Certificate requests that failed", self.identity.counters().failures.load(Relaxed)),
+            (
+                "weft_config_reloads_accepted",
+                "Config updates applied",
+                self.state.accepted_reloads(),
+            ),
+            (
+                "weft_config_reloads_refused",
+                "Config updates refused (last good config kept)",
+                self.state.refused_reloads(),
+            ),
+            (
+                "weft_certificate_fetches",
+                "Certificate requests sent to the CA",
+                self.identity.counters().fetches.load(Relaxed),
+            ),
+            (
+                "weft_certificate_fetch_failures",
+                "Certificate requests that failed",
+                self.identity.counters().failures.load(Relaxed),
+            ),
         ];
         for (name, help, v) in counters {
             let m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
@@ -140,7 +165,12 @@ impl Collector for NodeCollector {
             MetricType::Gauge,
         )?;
         ConstGauge::new(expiry).encode(m)?;
-        let m = enc.encode_descriptor("weft_config_version", "Version of the mesh state in force", None, MetricType::Gauge)?;
+        let m = enc.encode_descriptor(
+            "weft_config_version",
+            "Version of the mesh state in force",
+            None,
+            MetricType::Gauge,
+        )?;
         ConstGauge::new(i64::try_from(self.state.version()).unwrap_or(i64::MAX)).encode(m)?;
         Ok(())
     }

@@ -70,7 +70,9 @@ pub struct Proxy {
 
 impl std::fmt::Debug for Proxy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Proxy").field("node", &self.inner.cfg.node).finish_non_exhaustive()
+        f.debug_struct("Proxy")
+            .field("node", &self.inner.cfg.node)
+            .finish_non_exhaustive()
     }
 }
 
@@ -133,7 +135,12 @@ impl Proxy {
         Ok(proxy)
     }
 
-    fn listen<F, Fut>(self: &Arc<Self>, what: &'static str, addr: SocketAddr, handler: F) -> Result<(), ProxyError>
+    fn listen<F, Fut>(
+        self: &Arc<Self>,
+        what: &'static str,
+        addr: SocketAddr,
+        handler: F,
+    ) -> Result<(), ProxyError>
     where
         F: Fn(Arc<Inner>, TcpStream, SocketAddr) -> Fut + Send + Sync + Copy + 'static,
         Fut: Future<Output = ()> + Send + 'static,
@@ -150,8 +157,12 @@ impl Proxy {
         Ok(())
     }
 
-    fn lock_listeners(&self) -> std::sync::MutexGuard<'_, HashMap<(&'static str, SocketAddr), JoinHandle<()>>> {
-        self.listeners.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn lock_listeners(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<(&'static str, SocketAddr), JoinHandle<()>>> {
+        self.listeners
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// One HBONE listener per local HBONE workload IP; listeners of departed workloads stop accepting (their open
@@ -230,6 +241,11 @@ impl Proxy {
         self.inner.pool.connections()
     }
 
+    /// HBONE connections created since start.
+    pub fn hbone_connections_created(&self) -> u64 {
+        self.inner.pool.created_total()
+    }
+
     /// Drain: stop accepting, GOAWAY every HBONE connection, wait up to the deadline for connections to finish,
     /// then close what is left.
     pub async fn drain(&self) {
@@ -238,11 +254,22 @@ impl Proxy {
         for (_, t) in self.lock_listeners().drain() {
             t.abort();
         }
-        let waited = tokio::time::timeout(self.inner.cfg.drain_deadline, self.inner.tracker.wait_empty()).await;
+        let waited = tokio::time::timeout(
+            self.inner.cfg.drain_deadline,
+            self.inner.tracker.wait_empty(),
+        )
+        .await;
         if waited.is_err() {
-            tracing::warn!(live = self.inner.tracker.len(), "drain deadline reached: closing remaining connections");
+            tracing::warn!(
+                live = self.inner.tracker.len(),
+                "drain deadline reached: closing remaining connections"
+            );
             self.inner.tracker.close_all();
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), self.inner.tracker.wait_empty()).await;
+            let _ = tokio::time::timeout(
+                std::time::Duration::from_secs(1),
+                self.inner.tracker.wait_empty(),
+            )
+            .await;
         }
         tracing::info!("drained");
     }
@@ -263,7 +290,10 @@ where
                 let _ = stream.set_nodelay(true);
                 let inner = inner.clone();
                 let span = tracing::debug_span!("conn", listener = what, %peer);
-                tokio::spawn(tracing::Instrument::instrument(handler(inner, stream, peer), span));
+                tokio::spawn(tracing::Instrument::instrument(
+                    handler(inner, stream, peer),
+                    span,
+                ));
             }
             Err(e) => {
                 // EMFILE and friends: back off briefly instead of spinning.
