@@ -15,10 +15,18 @@ async fn cert_for(mesh: &Mesh, id: &str) -> Arc<weft_identity::WorkloadCert> {
     m.fetch(&id.parse::<SpiffeId>().unwrap()).await.unwrap()
 }
 
-async fn h2_to(addr: SocketAddr, cfg: Arc<rustls::ClientConfig>) -> Result<weft_hbone::H2Client, String> {
-    let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+async fn h2_to(
+    addr: SocketAddr,
+    cfg: Arc<rustls::ClientConfig>,
+) -> Result<weft_hbone::H2Client, String> {
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
     let tls = tokio_rustls::TlsConnector::from(cfg)
-        .connect(rustls::pki_types::ServerName::IpAddress(addr.ip().into()), tcp)
+        .connect(
+            rustls::pki_types::ServerName::IpAddress(addr.ip().into()),
+            tcp,
+        )
         .await
         .map_err(|e| e.to_string())?;
     weft_hbone::handshake(tls, &weft_hbone::H2Config::default())
@@ -42,24 +50,58 @@ async fn bad_connects_get_proper_statuses() {
     let client = cert_for(&mesh, "spiffe://cluster.local/ns/default/sa/client").await;
     let echo_id: SpiffeId = "spiffe://cluster.local/ns/default/sa/echo".parse().unwrap();
     let hbone = SocketAddr::from((a.echo(), 15008));
-    let c = h2_to(hbone, client.client_config(vec![echo_id]).unwrap()).await.unwrap();
+    let c = h2_to(hbone, client.client_config(vec![echo_id]).unwrap())
+        .await
+        .unwrap();
 
-    assert_eq!(status_of(&c, &format!("{}:8080", a.echo())).await.unwrap(), StatusCode::OK);
+    assert_eq!(
+        status_of(&c, &format!("{}:8080", a.echo())).await.unwrap(),
+        StatusCode::OK
+    );
     // Not a workload on this node.
-    assert_eq!(status_of(&c, "127.0.99.99:8080").await.unwrap(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        status_of(&c, "127.0.99.99:8080").await.unwrap(),
+        StatusCode::BAD_REQUEST
+    );
     // A workload on this node, but not the one this tunnel was opened to (other identity).
-    assert_eq!(status_of(&c, &format!("{}:8080", a.legacy())).await.unwrap(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        status_of(&c, &format!("{}:8080", a.legacy()))
+            .await
+            .unwrap(),
+        StatusCode::BAD_REQUEST
+    );
     // A hostname instead of ip:port.
-    assert_eq!(status_of(&c, "echo.default.svc.cluster.local:8080").await.unwrap(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        status_of(&c, "echo.default.svc.cluster.local:8080")
+            .await
+            .unwrap(),
+        StatusCode::BAD_REQUEST
+    );
     // weft's own ports (self-call protection).
-    assert_eq!(status_of(&c, &format!("{}:15008", a.echo())).await.unwrap(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        status_of(&c, &format!("{}:15008", a.echo())).await.unwrap(),
+        StatusCode::BAD_REQUEST
+    );
     // Nothing listens on the workload's port 9: upstream connect fails.
-    assert_eq!(status_of(&c, &format!("{}:9", a.echo())).await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        status_of(&c, &format!("{}:9", a.echo())).await.unwrap(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
     // The connection survives rejected streams.
-    assert_eq!(status_of(&c, &format!("{}:8080", a.echo())).await.unwrap(), StatusCode::OK);
+    assert_eq!(
+        status_of(&c, &format!("{}:8080", a.echo())).await.unwrap(),
+        StatusCode::OK
+    );
 
     let m = mesh.b.scrape().await.unwrap();
-    assert_eq!(weft_conformance::metric_sum(&m, "weft_connections_failed_total{direction=\"inbound\",reason=\"bad_request\"}"), 3.0, "{m}");
+    assert_eq!(
+        weft_conformance::metric_sum(
+            &m,
+            "weft_connections_failed_total{direction=\"inbound\",reason=\"bad_request\"}"
+        ),
+        3.0,
+        "{m}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -73,8 +115,18 @@ async fn clients_without_a_valid_certificate_are_refused() {
     // A certificate from another root (another mesh), same identity names.
     let other_dir = tempfile::tempdir().unwrap();
     weft_devmesh::write_dev_ca(other_dir.path(), "cluster.local").unwrap();
-    let other = SecretManager::new(Arc::new(LocalCa::from_dir(other_dir.path()).unwrap()), ManagerConfig::default());
-    let stranger = other.fetch(&"spiffe://cluster.local/ns/default/sa/client".parse().unwrap()).await.unwrap();
+    let other = SecretManager::new(
+        Arc::new(LocalCa::from_dir(other_dir.path()).unwrap()),
+        ManagerConfig::default(),
+    );
+    let stranger = other
+        .fetch(
+            &"spiffe://cluster.local/ns/default/sa/client"
+                .parse()
+                .unwrap(),
+        )
+        .await
+        .unwrap();
     // Present it to node B with a client that accepts any server: node B alone must refuse.
     let mut cfg = rustls::ClientConfig::builder_with_provider(weft_identity::tls::provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
@@ -86,17 +138,27 @@ async fn clients_without_a_valid_certificate_are_refused() {
     cfg.alpn_protocols = vec![b"h2".to_vec()];
     let r = match h2_to(hbone, Arc::new(cfg)).await {
         Err(e) => Err(e),
-        Ok(c) => status_of(&c, &format!("{}:8080", a.echo())).await.map(|_| ()),
+        Ok(c) => status_of(&c, &format!("{}:8080", a.echo()))
+            .await
+            .map(|_| ()),
     };
-    assert!(r.is_err(), "a client from another root must be refused: {r:?}");
+    assert!(
+        r.is_err(),
+        "a client from another root must be refused: {r:?}"
+    );
 
     // The right root, another trust domain.
     let foreign = cert_for(&mesh, "spiffe://evil.domain/ns/default/sa/client").await;
     let r = match h2_to(hbone, foreign.client_config(vec![echo_id.clone()]).unwrap()).await {
         Err(e) => Err(e),
-        Ok(c) => status_of(&c, &format!("{}:8080", a.echo())).await.map(|_| ()),
+        Ok(c) => status_of(&c, &format!("{}:8080", a.echo()))
+            .await
+            .map(|_| ()),
     };
-    assert!(r.is_err(), "a client from another trust domain must be refused in the handshake: {r:?}");
+    assert!(
+        r.is_err(),
+        "a client from another trust domain must be refused in the handshake: {r:?}"
+    );
 
     // No client certificate at all (and a client that would accept any server, so only the server can refuse).
     let mut cfg = rustls::ClientConfig::builder_with_provider(weft_identity::tls::provider())
@@ -108,13 +170,27 @@ async fn clients_without_a_valid_certificate_are_refused() {
     cfg.alpn_protocols = vec![b"h2".to_vec()];
     let r = match h2_to(hbone, Arc::new(cfg)).await {
         Err(e) => Err(e),
-        Ok(c) => status_of(&c, &format!("{}:8080", a.echo())).await.map(|_| ()),
+        Ok(c) => status_of(&c, &format!("{}:8080", a.echo()))
+            .await
+            .map(|_| ()),
     };
-    assert!(r.is_err(), "a client without a certificate must be refused: {r:?}");
+    assert!(
+        r.is_err(),
+        "a client without a certificate must be refused: {r:?}"
+    );
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(mesh.b.access_logs().is_empty(), "no tunnel may have been opened");
+    assert!(
+        mesh.b.access_logs().is_empty(),
+        "no tunnel may have been opened"
+    );
     let m = mesh.b.scrape().await.unwrap();
-    assert!(weft_conformance::metric_sum(&m, "weft_connections_failed_total{direction=\"inbound\",reason=\"tls\"}") >= 3.0, "{m}");
+    assert!(
+        weft_conformance::metric_sum(
+            &m,
+            "weft_connections_failed_total{direction=\"inbound\",reason=\"tls\"}"
+        ) >= 3.0,
+        "{m}"
+    );
 }
 
 /// Test-only: a client that accepts any server certificate, so that what is tested is the server's refusal.
@@ -149,6 +225,8 @@ impl rustls::client::danger::ServerCertVerifier for AcceptAnyServer {
         Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
     }
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        weft_identity::tls::provider().signature_verification_algorithms.supported_schemes()
+        weft_identity::tls::provider()
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }

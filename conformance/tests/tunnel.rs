@@ -17,11 +17,19 @@ async fn socks5_through_two_nodes_with_verified_identities() {
     let mesh = Mesh::start(a, &yaml, &yaml).await.unwrap();
     let src = Some(IpAddr::V4(a.client()));
     // Service VIP (port 80 → target 8080) and the workload directly; a payload large enough to cross many frames.
-    for dst in [SocketAddr::from((a.vip(), 80)), SocketAddr::from((a.echo(), 8080))] {
+    for dst in [
+        SocketAddr::from((a.vip(), 80)),
+        SocketAddr::from((a.echo(), 8080)),
+    ] {
         let data = payload(4 * 1024 * 1024 + 7);
         let s = socks5::connect(mesh.a.socks5, src, dst).await.unwrap();
         let back = workload::round_trip(s, &data).await.unwrap();
-        assert!(back == data, "echo through {dst} corrupted ({} of {} bytes back)", back.len(), data.len());
+        assert!(
+            back == data,
+            "echo through {dst} corrupted ({} of {} bytes back)",
+            back.len(),
+            data.len()
+        );
     }
     let logs = eventually(Duration::from_secs(5), "node-b access logs", || async {
         let l = mesh.b.access_logs();
@@ -29,35 +37,69 @@ async fn socks5_through_two_nodes_with_verified_identities() {
     })
     .await;
     for l in &logs {
-        assert_eq!(l["src.identity"], "spiffe://cluster.local/ns/default/sa/client", "{l}");
-        assert_eq!(l["dst.identity"], "spiffe://cluster.local/ns/default/sa/echo", "{l}");
+        assert_eq!(
+            l["src.identity"], "spiffe://cluster.local/ns/default/sa/client",
+            "{l}"
+        );
+        assert_eq!(
+            l["dst.identity"], "spiffe://cluster.local/ns/default/sa/echo",
+            "{l}"
+        );
         assert_eq!(l["direction"], "inbound");
         assert_eq!(l["bytes_sent"], 4 * 1024 * 1024 + 7, "{l}");
-        assert_eq!(l["src.addr"].as_str().unwrap().split(':').next().unwrap(), a.client().to_string());
+        assert_eq!(
+            l["src.addr"].as_str().unwrap().split(':').next().unwrap(),
+            a.client().to_string()
+        );
     }
     let out = mesh.a.access_logs();
-    assert!(out.iter().any(|l| l["dst.service"] == "default/echo.default.svc.cluster.local"), "{out:?}");
-    assert!(out.iter().all(|l| l["dst.hbone_addr"] == format!("{}:15008", a.echo())), "{out:?}");
+    assert!(
+        out.iter()
+            .any(|l| l["dst.service"] == "default/echo.default.svc.cluster.local"),
+        "{out:?}"
+    );
+    assert!(
+        out.iter()
+            .all(|l| l["dst.hbone_addr"] == format!("{}:15008", a.echo())),
+        "{out:?}"
+    );
     // Metrics count the connections and bytes.
     let m = mesh.a.scrape().await.unwrap();
     assert_eq!(
-        metric_sum(&m, "weft_connections_opened_total{direction=\"outbound\",transport=\"hbone\"}"),
+        metric_sum(
+            &m,
+            "weft_connections_opened_total{direction=\"outbound\",transport=\"hbone\"}"
+        ),
         2.0,
         "{m}"
     );
-    assert!(metric_sum(&m, "weft_sent_bytes_total{direction=\"outbound\"") >= 8.0 * 1024.0 * 1024.0);
+    assert!(
+        metric_sum(&m, "weft_sent_bytes_total{direction=\"outbound\"") >= 8.0 * 1024.0 * 1024.0
+    );
     // Each node holds a certificate only for its own workloads' identities.
     for (node, want) in [(&mesh.a, "client"), (&mesh.b, "echo")] {
         let dump = node.config_dump().await.unwrap();
         let certs = dump["certificates"].as_array().unwrap();
         assert_eq!(certs.len(), 1, "{}: {certs:?}", node.name);
-        assert_eq!(certs[0]["identity"], format!("spiffe://cluster.local/ns/default/sa/{want}"));
+        assert_eq!(
+            certs[0]["identity"],
+            format!("spiffe://cluster.local/ns/default/sa/{want}")
+        );
         assert_eq!(certs[0]["state"], "Available");
-        assert!(certs[0]["certChain"][0]["expirationTime"].as_str().unwrap().ends_with('Z'));
+        assert!(
+            certs[0]["certChain"][0]["expirationTime"]
+                .as_str()
+                .unwrap()
+                .ends_with('Z')
+        );
     }
     // One pooled HBONE connection served both tunnels (same source and destination identity and address).
     let dump = mesh.a.config_dump().await.unwrap();
-    assert_eq!(dump["connections"]["pooledHbone"], 1, "{}", dump["connections"]);
+    assert_eq!(
+        dump["connections"]["pooledHbone"], 1,
+        "{}",
+        dump["connections"]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -65,9 +107,13 @@ async fn plain_tcp_workload_is_reached_without_hbone() {
     let a = Addrs { n: 22 };
     let yaml = mesh_yaml(a, "echo");
     let mesh = Mesh::start(a, &yaml, &yaml).await.unwrap();
-    let s = socks5::connect(mesh.a.socks5, Some(IpAddr::V4(a.client())), SocketAddr::from((a.legacy(), 8080)))
-        .await
-        .unwrap();
+    let s = socks5::connect(
+        mesh.a.socks5,
+        Some(IpAddr::V4(a.client())),
+        SocketAddr::from((a.legacy(), 8080)),
+    )
+    .await
+    .unwrap();
     assert_eq!(workload::round_trip(s, b"plain").await.unwrap(), b"plain");
     let out = eventually(Duration::from_secs(5), "node-a access log", || async {
         mesh.a.access_logs().into_iter().next()
@@ -76,31 +122,63 @@ async fn plain_tcp_workload_is_reached_without_hbone() {
     assert_eq!(out["dst.hbone_addr"], "", "{out}");
     assert_eq!(out["dst.workload"], "db");
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(mesh.b.access_logs().is_empty(), "node B must not see plain TCP traffic");
+    assert!(
+        mesh.b.access_logs().is_empty(),
+        "node B must not see plain TCP traffic"
+    );
     let m = mesh.a.scrape().await.unwrap();
-    assert_eq!(metric_sum(&m, "weft_connections_opened_total{direction=\"outbound\",transport=\"tcp\"}"), 1.0);
+    assert_eq!(
+        metric_sum(
+            &m,
+            "weft_connections_opened_total{direction=\"outbound\",transport=\"tcp\"}"
+        ),
+        1.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_with_the_wrong_identity_is_refused() {
     let a = Addrs { n: 24 };
     // Node B believes the echo workload runs as `impostor` and serves that certificate; node A expects `echo`.
-    let mesh = Mesh::start(a, &mesh_yaml(a, "echo"), &mesh_yaml(a, "impostor")).await.unwrap();
-    let r = socks5::connect(mesh.a.socks5, Some(IpAddr::V4(a.client())), SocketAddr::from((a.echo(), 8080))).await;
+    let mesh = Mesh::start(a, &mesh_yaml(a, "echo"), &mesh_yaml(a, "impostor"))
+        .await
+        .unwrap();
+    let r = socks5::connect(
+        mesh.a.socks5,
+        Some(IpAddr::V4(a.client())),
+        SocketAddr::from((a.echo(), 8080)),
+    )
+    .await;
     match r {
         Err(socks5::Socks5Error::Reply(5)) => {}
         other => panic!("expected SOCKS5 'connection refused', got {other:?}"),
     }
     let l = eventually(Duration::from_secs(5), "failure log", || async {
-        mesh.a.access_logs().into_iter().find(|l| !l["error"].as_str().unwrap_or("").is_empty())
+        mesh.a
+            .access_logs()
+            .into_iter()
+            .find(|l| !l["error"].as_str().unwrap_or("").is_empty())
     })
     .await;
     let err = l["error"].as_str().unwrap();
-    assert!(err.contains("impostor") && err.contains("WrongIdentity"), "{err}");
+    assert!(
+        err.contains("impostor") && err.contains("WrongIdentity"),
+        "{err}"
+    );
     let m = mesh.a.scrape().await.unwrap();
-    assert_eq!(metric_sum(&m, "weft_connections_failed_total{direction=\"outbound\",reason=\"connect\"}"), 1.0, "{m}");
+    assert_eq!(
+        metric_sum(
+            &m,
+            "weft_connections_failed_total{direction=\"outbound\",reason=\"connect\"}"
+        ),
+        1.0,
+        "{m}"
+    );
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(mesh.b.access_logs().is_empty(), "no tunnel may reach node B's workload");
+    assert!(
+        mesh.b.access_logs().is_empty(),
+        "no tunnel may reach node B's workload"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -113,9 +191,14 @@ async fn config_edits_apply_live_and_bad_edits_are_refused() {
     let dst = SocketAddr::from((new_vip, 80));
     // Unknown VIP: passed through as plain TCP, and nothing listens there.
     assert!(socks5::connect(mesh.a.socks5, src, dst).await.is_err());
-    let v0 = mesh.a.config_dump().await.unwrap()["version"].as_u64().unwrap();
+    let v0 = mesh.a.config_dump().await.unwrap()["version"]
+        .as_u64()
+        .unwrap();
     // Add a second VIP to the echo service in node A's file.
-    let edited = yaml.replace(&format!("vips: [\"/{}\"]", a.vip()), &format!("vips: [\"/{}\", \"/{new_vip}\"]", a.vip()));
+    let edited = yaml.replace(
+        &format!("vips: [\"/{}\"]", a.vip()),
+        &format!("vips: [\"/{}\", \"/{new_vip}\"]", a.vip()),
+    );
     assert_ne!(edited, yaml);
     std::fs::write(&mesh.config_a, &edited).unwrap();
     eventually(Duration::from_secs(5), "new config version", || async {
@@ -124,7 +207,10 @@ async fn config_edits_apply_live_and_bad_edits_are_refused() {
     })
     .await;
     let s = socks5::connect(mesh.a.socks5, src, dst).await.unwrap();
-    assert_eq!(workload::round_trip(s, b"after edit").await.unwrap(), b"after edit");
+    assert_eq!(
+        workload::round_trip(s, b"after edit").await.unwrap(),
+        b"after edit"
+    );
     // A broken edit is refused with its line; the last good config keeps serving.
     let broken = edited.replace(&format!("[{}]", a.client()), "[127.0.0.300]");
     std::fs::write(&mesh.config_a, &broken).unwrap();
@@ -134,12 +220,25 @@ async fn config_edits_apply_live_and_bad_edits_are_refused() {
     })
     .await;
     let err = dump["config"]["lastError"].as_str().unwrap();
-    assert!(err.contains("127.0.0.300") && err.contains("line 6"), "{err}");
-    assert_eq!(dump["version"].as_u64().unwrap(), v0 + 1, "a refused edit must not change the state");
+    assert!(
+        err.contains("127.0.0.300") && err.contains("line 6"),
+        "{err}"
+    );
+    assert_eq!(
+        dump["version"].as_u64().unwrap(),
+        v0 + 1,
+        "a refused edit must not change the state"
+    );
     let s = socks5::connect(mesh.a.socks5, src, dst).await.unwrap();
-    assert_eq!(workload::round_trip(s, b"still serving").await.unwrap(), b"still serving");
+    assert_eq!(
+        workload::round_trip(s, b"still serving").await.unwrap(),
+        b"still serving"
+    );
     let m = mesh.a.scrape().await.unwrap();
-    assert!(metric_sum(&m, "weft_config_reloads_refused_total") >= 1.0, "{m}");
+    assert!(
+        metric_sum(&m, "weft_config_reloads_refused_total") >= 1.0,
+        "{m}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,19 +251,35 @@ async fn sigterm_drains_then_closes() {
     })
     .await
     .unwrap();
-    let s = socks5::connect(mesh.a.socks5, Some(IpAddr::V4(a.client())), SocketAddr::from((a.echo(), 8080)))
-        .await
-        .unwrap();
+    let s = socks5::connect(
+        mesh.a.socks5,
+        Some(IpAddr::V4(a.client())),
+        SocketAddr::from((a.echo(), 8080)),
+    )
+    .await
+    .unwrap();
     // An open, idle tunnel holds node B's drain until the deadline, then it is closed.
     let start = std::time::Instant::now();
-    assert!(mesh.b.terminate(Duration::from_secs(10)).await, "node B must exit by itself");
+    assert!(
+        mesh.b.terminate(Duration::from_secs(10)).await,
+        "node B must exit by itself"
+    );
     let took = start.elapsed();
-    assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(5), "drain took {took:?}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "drain took {took:?}"
+    );
     let mut buf = [0u8; 1];
-    let n = tokio::time::timeout(Duration::from_secs(5), tokio::io::AsyncReadExt::read(&mut { s }, &mut buf))
-        .await
-        .expect("the tunnel must be closed after the drain");
+    let n = tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::io::AsyncReadExt::read(&mut { s }, &mut buf),
+    )
+    .await
+    .expect("the tunnel must be closed after the drain");
     assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
     let log = mesh.b.log_tail(20);
-    assert!(log.contains("drain deadline reached") && log.contains("drained"), "{log}");
+    assert!(
+        log.contains("drain deadline reached") && log.contains("drained"),
+        "{log}"
+    );
 }

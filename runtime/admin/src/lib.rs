@@ -79,11 +79,13 @@ pub async fn serve(
     if which == Server::Admin && !addr.ip().is_loopback() {
         return Err(AdminError::NotLoopback(addr));
     }
-    let lis = TcpListener::bind(addr).await.map_err(|source| AdminError::Bind {
-        what: which.name(),
-        addr,
-        source,
-    })?;
+    let lis = TcpListener::bind(addr)
+        .await
+        .map_err(|source| AdminError::Bind {
+            what: which.name(),
+            addr,
+            source,
+        })?;
     let bound = lis.local_addr().unwrap_or(addr);
     tracing::info!(server = which.name(), addr = %bound, "listening");
     tokio::spawn(async move {
@@ -133,7 +135,11 @@ fn query_param<'a>(req: &'a Request<Incoming>, key: &str) -> Option<&'a str> {
         .find_map(|kv| kv.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
 }
 
-async fn route(which: Server, h: &dyn AdminHandler, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn route(
+    which: Server,
+    h: &dyn AdminHandler,
+    req: Request<Incoming>,
+) -> Response<Full<Bytes>> {
     const PLAIN: &str = "text/plain; charset=utf-8";
     const JSON: &str = "application/json";
     let path = req.uri().path().to_owned();
@@ -155,7 +161,9 @@ async fn route(which: Server, h: &dyn AdminHandler, req: Request<Incoming>) -> R
             let body = serde_json::to_vec_pretty(&h.config_dump()).unwrap_or_default();
             text(StatusCode::OK, body, JSON)
         }
-        (Server::Admin, &Method::GET, "/logging") => text(StatusCode::OK, format!("{}\n", h.log_level()), PLAIN),
+        (Server::Admin, &Method::GET, "/logging") => {
+            text(StatusCode::OK, format!("{}\n", h.log_level()), PLAIN)
+        }
         (Server::Admin, &Method::POST, "/logging") => match query_param(&req, "level") {
             Some(level) => match h.set_log_level(level) {
                 Ok(now) => {
@@ -164,7 +172,11 @@ async fn route(which: Server, h: &dyn AdminHandler, req: Request<Incoming>) -> R
                 }
                 Err(e) => text(StatusCode::BAD_REQUEST, format!("{e}\n"), PLAIN),
             },
-            None => text(StatusCode::BAD_REQUEST, "usage: POST /logging?level=<filter>\n", PLAIN),
+            None => text(
+                StatusCode::BAD_REQUEST,
+                "usage: POST /logging?level=<filter>\n",
+                PLAIN,
+            ),
         },
         (Server::Admin, &Method::POST, "/quitquitquit") => {
             h.quit();

@@ -66,7 +66,9 @@ fn parse_listen(s: &str) -> Result<Listen, String> {
     if s == "off" {
         return Ok(Listen::Off);
     }
-    s.parse().map(Listen::At).map_err(|e| format!("{s:?}: {e} (expected ip:port or off)"))
+    s.parse()
+        .map(Listen::At)
+        .map_err(|e| format!("{s:?}: {e} (expected ip:port or off)"))
 }
 
 /// Where inbound HBONE listens.

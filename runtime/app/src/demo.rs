@@ -72,9 +72,15 @@ async fn send(node_a: &NodeProcess, dst: SocketAddr, what: &str) -> anyhow::Resu
         .with_context(|| format!("SOCKS5 connect to {dst} via node-a"))?;
     let back = workload::round_trip(s, msg.as_bytes()).await?;
     if back != msg.as_bytes() {
-        bail!("echo mismatch for {dst}: sent {msg:?}, got {:?}", String::from_utf8_lossy(&back));
+        bail!(
+            "echo mismatch for {dst}: sent {msg:?}, got {:?}",
+            String::from_utf8_lossy(&back)
+        );
     }
-    println!("  sleep-1 ({CLIENT_IP}) -> {dst:<17} {what:<28} echoed {} bytes OK", back.len());
+    println!(
+        "  sleep-1 ({CLIENT_IP}) -> {dst:<17} {what:<28} echoed {} bytes OK",
+        back.len()
+    );
     Ok(())
 }
 
@@ -87,19 +93,46 @@ async fn demo(args: DemoArgs, dir: &Path) -> anyhow::Result<()> {
     let (_, _echo) = workload::echo_server(SocketAddr::from((ECHO_IP, 8080))).await?;
     let (_, _legacy) = workload::echo_server(SocketAddr::from((LEGACY_IP, 8080))).await?;
 
-    println!("weft demo: two nodes on this machine (files in {})", dir.display());
+    println!(
+        "weft demo: two nodes on this machine (files in {})",
+        dir.display()
+    );
     let mut nodes = Vec::new();
     for (name, ip) in [("node-a", [127, 0, 1, 254]), ("node-b", [127, 0, 2, 254])] {
         let opts = NodeOptions::loopback(name, IpAddr::V4(Ipv4Addr::from(ip)), &config, &ca, dir);
         let mut n = NodeProcess::spawn(&weft, &opts)?;
-        n.wait_ready(Duration::from_secs(20)).await.map_err(anyhow::Error::msg)?;
-        println!("  {name}: ready (admin http://{}/config_dump, log {})", n.admin, n.log_path.display());
+        n.wait_ready(Duration::from_secs(20))
+            .await
+            .map_err(anyhow::Error::msg)?;
+        println!(
+            "  {name}: ready (admin http://{}/config_dump, log {})",
+            n.admin,
+            n.log_path.display()
+        );
         nodes.push(n);
     }
-    println!("\ntraffic (client workload on node-a, via node-a's SOCKS5 {}):", nodes[0].socks5);
-    send(&nodes[0], SocketAddr::from((ECHO_VIP, 80)), "service echo (VIP:80)").await?;
-    send(&nodes[0], SocketAddr::from((ECHO_IP, 8080)), "workload echo-1").await?;
-    send(&nodes[0], SocketAddr::from((LEGACY_IP, 8080)), "plain-TCP workload db-1").await?;
+    println!(
+        "\ntraffic (client workload on node-a, via node-a's SOCKS5 {}):",
+        nodes[0].socks5
+    );
+    send(
+        &nodes[0],
+        SocketAddr::from((ECHO_VIP, 80)),
+        "service echo (VIP:80)",
+    )
+    .await?;
+    send(
+        &nodes[0],
+        SocketAddr::from((ECHO_IP, 8080)),
+        "workload echo-1",
+    )
+    .await?;
+    send(
+        &nodes[0],
+        SocketAddr::from((LEGACY_IP, 8080)),
+        "plain-TCP workload db-1",
+    )
+    .await?;
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     println!("\nwhat node-b saw (inbound, identities verified by mutual TLS):");
@@ -120,7 +153,12 @@ async fn demo(args: DemoArgs, dir: &Path) -> anyhow::Result<()> {
             "" => "plain TCP (destination does not speak HBONE)".to_owned(),
             a => format!("HBONE via {a}, server proved {}", field(&l, "dst.identity")),
         };
-        println!("  {} -> {}  {}", field(&l, "src.addr"), field(&l, "dst.addr"), via);
+        println!(
+            "  {} -> {}  {}",
+            field(&l, "src.addr"),
+            field(&l, "dst.addr"),
+            via
+        );
     }
     println!("\ncertificates (in memory only, one per local identity):");
     for n in &nodes {
@@ -138,12 +176,23 @@ async fn demo(args: DemoArgs, dir: &Path) -> anyhow::Result<()> {
         }
     }
     if args.keep {
-        println!("\nmesh running; try: curl -s http://{}/config_dump ; Ctrl-C to stop", nodes[0].admin);
+        println!(
+            "\nmesh running; try: curl -s http://{}/config_dump ; Ctrl-C to stop",
+            nodes[0].admin
+        );
         tokio::signal::ctrl_c().await?;
     }
     for n in &mut nodes {
         let clean = n.terminate(Duration::from_secs(10)).await;
-        println!("{}: {}", n.name, if clean { "drained and stopped" } else { "killed after timeout" });
+        println!(
+            "{}: {}",
+            n.name,
+            if clean {
+                "drained and stopped"
+            } else {
+                "killed after timeout"
+            }
+        );
     }
     Ok(())
 }
@@ -152,7 +201,10 @@ async fn demo(args: DemoArgs, dir: &Path) -> anyhow::Result<()> {
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("weft-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     let r = rt.block_on(demo(args, &dir));
     if r.is_ok() {
         let _ = std::fs::remove_dir_all(&dir);

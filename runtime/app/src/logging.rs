@@ -36,7 +36,8 @@ impl LogControl {
 
 /// Install the global subscriber.
 pub fn init(filter: &str, format: LogFormat) -> anyhow::Result<LogControl> {
-    let filter = EnvFilter::try_new(filter).map_err(|e| anyhow::anyhow!("bad log filter {filter:?}: {e}"))?;
+    let filter = EnvFilter::try_new(filter)
+        .map_err(|e| anyhow::anyhow!("bad log filter {filter:?}: {e}"))?;
     let (layer, handle) = reload::Layer::new(filter);
     let reg = tracing_subscriber::registry().with(layer);
     match format {

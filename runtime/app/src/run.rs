@@ -51,13 +51,15 @@ fn local_identities(state: &StateStore, node: &str) -> HashSet<SpiffeId> {
         .current()
         .local_workloads(node)
         .filter(|w| w.protocol == TunnelProtocol::Hbone)
-        .filter_map(|w| match SpiffeId::new(&w.trust_domain, &w.namespace, &w.service_account) {
-            Ok(id) => Some(id),
-            Err(e) => {
-                tracing::warn!(workload = %w.uid, error = %e, "workload has no valid identity");
-                None
-            }
-        })
+        .filter_map(
+            |w| match SpiffeId::new(&w.trust_domain, &w.namespace, &w.service_account) {
+                Ok(id) => Some(id),
+                Err(e) => {
+                    tracing::warn!(workload = %w.uid, error = %e, "workload has no valid identity");
+                    None
+                }
+            },
+        )
         .collect()
 }
 
@@ -75,7 +77,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         .build()?;
 
     let state = Arc::new(StateStore::new());
-    weft_state::load_into(&args.config, &state).with_context(|| "loading the mesh config".to_owned())?;
+    weft_state::load_into(&args.config, &state)
+        .with_context(|| "loading the mesh config".to_owned())?;
     let ca = LocalCa::from_dir(&args.ca_dir).context("loading the local CA")?;
     let identity = SecretManager::new(
         Arc::new(ca),
@@ -132,7 +135,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             }
         }
         let proxy = data
-            .spawn(Proxy::start(pcfg, state.clone(), identity.clone(), hooks, metrics))
+            .spawn(Proxy::start(
+                pcfg,
+                state.clone(),
+                identity.clone(),
+                hooks,
+                metrics,
+            ))
             .await
             .context("data path task")??;
         let _ = node.proxy.set(proxy.clone());

@@ -10,7 +10,9 @@ use tokio::net::TcpStream;
 pub async fn request(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<(u16, String)> {
     let work = async {
         let mut s = TcpStream::connect(addr).await?;
-        let req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+        );
         s.write_all(req.as_bytes()).await?;
         let mut buf = Vec::new();
         s.read_to_end(&mut buf).await?;
@@ -20,7 +22,10 @@ pub async fn request(addr: SocketAddr, method: &str, path: &str) -> std::io::Res
             .nth(1)
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| std::io::Error::other(format!("bad response: {text:.200}")))?;
-        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
         Ok((status, body))
     };
     tokio::time::timeout(Duration::from_secs(10), work)

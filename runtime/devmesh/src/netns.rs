@@ -64,7 +64,8 @@ impl Netns {
         let path = format!("/var/run/netns/{}", self.name);
         std::thread::spawn(move || {
             let file = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
-            nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns {path}: {e}"))?;
+            nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(|e| format!("setns {path}: {e}"))?;
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -94,8 +95,18 @@ impl Drop for Netns {
 }
 
 /// Connect two namespaces with a veth pair and give each end an address (`10.x.y.z/24` style CIDRs).
-pub fn link(a: &Netns, a_if: &str, a_cidr: &str, b: &Netns, b_if: &str, b_cidr: &str) -> Result<(), String> {
-    ip(&["link", "add", a_if, "netns", &a.name, "type", "veth", "peer", "name", b_if, "netns", &b.name])?;
+pub fn link(
+    a: &Netns,
+    a_if: &str,
+    a_cidr: &str,
+    b: &Netns,
+    b_if: &str,
+    b_cidr: &str,
+) -> Result<(), String> {
+    ip(&[
+        "link", "add", a_if, "netns", &a.name, "type", "veth", "peer", "name", b_if, "netns",
+        &b.name,
+    ])?;
     a.exec("ip", &["addr", "add", a_cidr, "dev", a_if])?;
     b.exec("ip", &["addr", "add", b_cidr, "dev", b_if])?;
     a.exec("ip", &["link", "set", a_if, "up"])?;

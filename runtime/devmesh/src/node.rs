@@ -29,7 +29,13 @@ pub struct NodeOptions {
 
 impl NodeOptions {
     /// A node on 127.0.0.x with per-workload HBONE listeners, SOCKS5 on `control_ip`, no capture listeners.
-    pub fn loopback(name: &str, control_ip: IpAddr, config: &Path, ca_dir: &Path, log_dir: &Path) -> Self {
+    pub fn loopback(
+        name: &str,
+        control_ip: IpAddr,
+        config: &Path,
+        ca_dir: &Path,
+        log_dir: &Path,
+    ) -> Self {
         Self {
             name: name.to_owned(),
             control_ip,
@@ -72,13 +78,19 @@ pub struct NodeProcess {
 
 impl NodeProcess {
     /// One HTTP request to one of the node's servers, from inside its network namespace when it has one.
-    pub async fn http(&self, addr: SocketAddr, method: &str, path: &str) -> std::io::Result<(u16, String)> {
+    pub async fn http(
+        &self,
+        addr: SocketAddr,
+        method: &str,
+        path: &str,
+    ) -> std::io::Result<(u16, String)> {
         match &self.netns {
             None => crate::http::request(addr, method, path).await,
             Some(ns) => {
                 let ns = crate::netns::Netns::existing(ns);
                 let (method, path) = (method.to_owned(), path.to_owned());
-                let handle = ns.run(move || async move { crate::http::request(addr, &method, &path).await });
+                let handle =
+                    ns.run(move || async move { crate::http::request(addr, &method, &path).await });
                 tokio::task::spawn_blocking(move || handle.join())
                     .await
                     .map_err(std::io::Error::other)?
@@ -125,7 +137,10 @@ impl NodeProcess {
             }
             None => Command::new(weft),
         };
-        cmd.args(&args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
+        cmd.args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
         let child = cmd.spawn()?;
         Ok(Self {
             name: opts.name.clone(),
@@ -147,7 +162,11 @@ impl NodeProcess {
             if let Some(c) = self.child.as_mut()
                 && let Ok(Some(status)) = c.try_wait()
             {
-                return Err(format!("node {} exited ({status}) before ready:\n{}", self.name, self.log_tail(30)));
+                return Err(format!(
+                    "node {} exited ({status}) before ready:\n{}",
+                    self.name,
+                    self.log_tail(30)
+                ));
             }
             match self.http(self.readiness, "GET", "/healthz/ready").await {
                 Ok((200, _)) => return Ok(()),
@@ -156,7 +175,11 @@ impl NodeProcess {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Err(format!("node {} not ready after {timeout:?}: {last}\n{}", self.name, self.log_tail(30)))
+        Err(format!(
+            "node {} not ready after {timeout:?}: {last}\n{}",
+            self.name,
+            self.log_tail(30)
+        ))
     }
 
     /// GET from the admin server; returns (status, body).
@@ -166,7 +189,10 @@ impl NodeProcess {
 
     /// The `/config_dump` JSON.
     pub async fn config_dump(&self) -> Result<serde_json::Value, String> {
-        let (code, body) = self.admin_get("/config_dump").await.map_err(|e| e.to_string())?;
+        let (code, body) = self
+            .admin_get("/config_dump")
+            .await
+            .map_err(|e| e.to_string())?;
         if code != 200 {
             return Err(format!("config_dump: {code} {body}"));
         }
@@ -213,8 +239,12 @@ impl NodeProcess {
 
     /// Send SIGTERM and wait for exit (up to `timeout`, then SIGKILL). Returns whether it exited by itself.
     pub async fn terminate(&mut self, timeout: Duration) -> bool {
-        let Some(mut child) = self.child.take() else { return true };
-        let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+        let Some(mut child) = self.child.take() else {
+            return true;
+        };
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
         let start = Instant::now();
         while start.elapsed() < timeout {
             if let Ok(Some(_)) = child.try_wait() {

@@ -21,8 +21,16 @@ pub enum Socks5Error {
 }
 
 /// Connect to `dst` through the SOCKS5 proxy at `proxy`, from `src_ip` when given.
-pub async fn connect(proxy: SocketAddr, src_ip: Option<IpAddr>, dst: SocketAddr) -> Result<TcpStream, Socks5Error> {
-    let sock = if proxy.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+pub async fn connect(
+    proxy: SocketAddr,
+    src_ip: Option<IpAddr>,
+    dst: SocketAddr,
+) -> Result<TcpStream, Socks5Error> {
+    let sock = if proxy.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
     if let Some(ip) = src_ip {
         sock.bind(SocketAddr::new(ip, 0))?;
     }

@@ -49,18 +49,32 @@ impl Inner {
         self.hooks.on_open(&record);
         tracing::debug!(conn = record.id, src = %record.src, dst = %record.dst, direction = record.direction.as_str(), transport, "connection established");
         let counters = Arc::new(Counters::default());
-        let end = relay(src.0, src.1, dst.0, dst.1, counters.clone(), &ctl, self.cfg.idle_timeout).await;
+        let end = relay(
+            src.0,
+            src.1,
+            dst.0,
+            dst.1,
+            counters.clone(),
+            &ctl,
+            self.cfg.idle_timeout,
+        )
+        .await;
         active.dec();
         let sent = counters.sent.load(std::sync::atomic::Ordering::Relaxed);
         let received = counters.received.load(std::sync::atomic::Ordering::Relaxed);
         self.metrics.closed.get_or_create(&labels).inc();
         self.metrics.sent_bytes.get_or_create(&labels).inc_by(sent);
-        self.metrics.received_bytes.get_or_create(&labels).inc_by(received);
+        self.metrics
+            .received_bytes
+            .get_or_create(&labels)
+            .inc_by(received);
         let (verdict, error, flags) = match (end, ctl.denied()) {
             (_, Some(v)) => {
                 self.metrics.rechecks_closed.inc();
                 let reason = match &v {
-                    Verdict::Deny { by, reason } => format!("closed by policy re-check: {by}: {reason}"),
+                    Verdict::Deny { by, reason } => {
+                        format!("closed by policy re-check: {by}: {reason}")
+                    }
                     Verdict::Allow => "closed by policy re-check".to_owned(),
                 };
                 (v, Some(reason), "DENY")
@@ -68,7 +82,9 @@ impl Inner {
             (RelayEnd::Done, None) => (Verdict::Allow, None, "-"),
             (RelayEnd::Error(e), None) => (Verdict::Allow, Some(e), "-"),
             (RelayEnd::Idle, None) => (Verdict::Allow, Some("idle timeout".to_owned()), "-"),
-            (RelayEnd::Cancelled, None) => (Verdict::Allow, Some("closed by drain".to_owned()), "-"),
+            (RelayEnd::Cancelled, None) => {
+                (Verdict::Allow, Some("closed by drain".to_owned()), "-")
+            }
         };
         let close = CloseRecord {
             bytes_sent: sent,

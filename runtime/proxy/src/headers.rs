@@ -8,7 +8,11 @@ use weft_hooks::WorkloadMeta;
 
 /// `baggage` describing the source workload (non-empty items only).
 pub fn baggage(src: &WorkloadMeta, cluster: &str) -> String {
-    let cluster = if src.cluster_id.is_empty() { cluster } else { &src.cluster_id };
+    let cluster = if src.cluster_id.is_empty() {
+        cluster
+    } else {
+        &src.cluster_id
+    };
     let items = [
         ("k8s.cluster.name", cluster),
         ("k8s.namespace.name", src.namespace.as_str()),
@@ -78,8 +82,16 @@ mod tests {
             canonical_revision: "v1".into(),
             ..Default::default()
         };
-        let h = connect_headers("10.0.0.1:4000".parse().unwrap(), Some(&src), Some("echo.default.svc.cluster.local"), "Kubernetes");
-        assert_eq!(h["forwarded"], "for=\"10.0.0.1:4000\";host=echo.default.svc.cluster.local");
+        let h = connect_headers(
+            "10.0.0.1:4000".parse().unwrap(),
+            Some(&src),
+            Some("echo.default.svc.cluster.local"),
+            "Kubernetes",
+        );
+        assert_eq!(
+            h["forwarded"],
+            "for=\"10.0.0.1:4000\";host=echo.default.svc.cluster.local"
+        );
         assert_eq!(
             h["baggage"],
             "k8s.cluster.name=Kubernetes,k8s.namespace.name=default,k8s.deployment.name=sleep,service.name=sleep,service.version=v1"
@@ -87,6 +99,9 @@ mod tests {
         let tp = h["traceparent"].to_str().unwrap();
         let parts: Vec<&str> = tp.split('-').collect();
         assert_eq!(parts.len(), 4);
-        assert_eq!((parts[0], parts[1].len(), parts[2].len(), parts[3]), ("00", 32, 16, "00"));
+        assert_eq!(
+            (parts[0], parts[1].len(), parts[2].len(), parts[3]),
+            ("00", 32, 16, "00")
+        );
     }
 }

@@ -43,7 +43,9 @@ impl Inner {
                 return;
             }
         };
-        let cert = match tokio::time::timeout(self.cfg.identity_timeout, self.identity.fetch(&id)).await {
+        let cert = match tokio::time::timeout(self.cfg.identity_timeout, self.identity.fetch(&id))
+            .await
+        {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => {
                 self.metrics.fail("inbound", "identity");
@@ -98,13 +100,14 @@ impl Inner {
         drop(_e);
         let me = self.clone();
         let peer_id = Arc::new(peer_id.to_string());
-        let served = weft_hbone::serve_connection(tls, &self.cfg.h2, self.drain.child_token(), move |req| {
-            let me = me.clone();
-            let peer_id = peer_id.clone();
-            let id = id.clone();
-            async move { me.handle_hbone_stream(req, peer, local, id, peer_id).await }
-        })
-        .await;
+        let served =
+            weft_hbone::serve_connection(tls, &self.cfg.h2, self.drain.child_token(), move |req| {
+                let me = me.clone();
+                let peer_id = peer_id.clone();
+                let id = id.clone();
+                async move { me.handle_hbone_stream(req, peer, local, id, peer_id).await }
+            })
+            .await;
         if let Err(e) = served {
             tracing::debug!(%peer, error = %e, "HBONE connection ended with an error");
         }
@@ -118,14 +121,22 @@ impl Inner {
         served_id: SpiffeId,
         peer_id: Arc<String>,
     ) {
-        let reject = |req: InboundRequest, status: StatusCode, reason: &'static str, why: String| {
+        let reject = |req: InboundRequest,
+                      status: StatusCode,
+                      reason: &'static str,
+                      why: String| {
             self.metrics.fail("inbound", reason);
             tracing::warn!(%peer, authority = req.authority(), %status, "HBONE CONNECT refused: {why}");
             let _ = req.reject(status);
         };
         if req.method() != Method::CONNECT {
             let m = req.method().to_string();
-            return reject(req, StatusCode::BAD_REQUEST, "bad_request", format!("method {m} is not CONNECT"));
+            return reject(
+                req,
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("method {m} is not CONNECT"),
+            );
         }
         let dst = match req.authority_addr() {
             Ok(a) => a,
@@ -137,18 +148,31 @@ impl Inner {
             .filter(|w| w.node == self.cfg.node)
             .cloned()
         else {
-            return reject(req, StatusCode::BAD_REQUEST, "bad_request", format!("{dst} is not a workload on this node"));
+            return reject(
+                req,
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("{dst} is not a workload on this node"),
+            );
         };
         if dst_wl.spiffe_id() != served_id.to_string() {
             return reject(
                 req,
                 StatusCode::BAD_REQUEST,
                 "bad_request",
-                format!("{dst} belongs to {} but the tunnel was opened to {served_id} at {local}", dst_wl.spiffe_id()),
+                format!(
+                    "{dst} belongs to {} but the tunnel was opened to {served_id} at {local}",
+                    dst_wl.spiffe_id()
+                ),
             );
         }
         if crate::config::RESERVED_PORTS.contains(&dst.port()) {
-            return reject(req, StatusCode::BAD_REQUEST, "self_call", format!("port {} is weft's own", dst.port()));
+            return reject(
+                req,
+                StatusCode::BAD_REQUEST,
+                "self_call",
+                format!("port {} is weft's own", dst.port()),
+            );
         }
         let src = forwarded_for(req.headers()).unwrap_or(peer);
         let src_wl = state
@@ -170,34 +194,67 @@ impl Inner {
         if let v @ Verdict::Deny { .. } = self.hooks.authorize(&record) {
             tracing::info!(conn = record.id, %src, %dst, peer_identity = %peer_id, verdict = ?v, "connection denied by policy");
             let _ = req.reject(StatusCode::UNAUTHORIZED);
-            self.failed(&record, hbone_addr, "denied", v.clone(), format!("{v:?}"), "DENY");
+            self.failed(
+                &record,
+                hbone_addr,
+                "denied",
+                v.clone(),
+                format!("{v:?}"),
+                "DENY",
+            );
             return;
         }
-        let upstream = tokio::time::timeout(self.cfg.connect_timeout, socket::connect(dst, self.cfg.mark, None)).await;
+        let upstream = tokio::time::timeout(
+            self.cfg.connect_timeout,
+            socket::connect(dst, self.cfg.mark, None),
+        )
+        .await;
         let upstream = match upstream {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
                 let _ = req.reject(StatusCode::SERVICE_UNAVAILABLE);
-                self.failed(&record, hbone_addr, "connect", Verdict::Allow, format!("connect to {dst}: {e}"), "CONNECT");
+                self.failed(
+                    &record,
+                    hbone_addr,
+                    "connect",
+                    Verdict::Allow,
+                    format!("connect to {dst}: {e}"),
+                    "CONNECT",
+                );
                 tracing::warn!(conn = record.id, %dst, error = %e, "local workload refused the connection");
                 return;
             }
             Err(_) => {
                 let _ = req.reject(StatusCode::SERVICE_UNAVAILABLE);
-                self.failed(&record, hbone_addr, "connect", Verdict::Allow, format!("connect to {dst}: timed out"), "CONNECT");
+                self.failed(
+                    &record,
+                    hbone_addr,
+                    "connect",
+                    Verdict::Allow,
+                    format!("connect to {dst}: timed out"),
+                    "CONNECT",
+                );
                 return;
             }
         };
         let stream = match req.accept(HeaderMap::new()) {
             Ok(s) => s,
             Err(e) => {
-                self.failed(&record, hbone_addr, "h2", Verdict::Allow, e.to_string(), "-");
+                self.failed(
+                    &record,
+                    hbone_addr,
+                    "h2",
+                    Verdict::Allow,
+                    e.to_string(),
+                    "-",
+                );
                 return;
             }
         };
         let (tr, tw) = stream.into_split();
         let (ur, uw) = upstream.into_split();
-        self.run(record, "hbone", hbone_addr, Halves(tr, tw), Halves(ur, uw)).await;
+        self.run(record, "hbone", hbone_addr, Halves(tr, tw), Halves(ur, uw))
+            .await;
     }
 }
 
@@ -218,7 +275,10 @@ mod tests {
     #[test]
     fn parses_forwarded_for() {
         let mut h = HeaderMap::new();
-        h.insert("forwarded", "for=\"10.0.0.1:4000\";host=x.svc".parse().unwrap());
+        h.insert(
+            "forwarded",
+            "for=\"10.0.0.1:4000\";host=x.svc".parse().unwrap(),
+        );
         assert_eq!(forwarded_for(&h), Some("10.0.0.1:4000".parse().unwrap()));
         h.insert("forwarded", "for=garbage".parse().unwrap());
         assert_eq!(forwarded_for(&h), None);

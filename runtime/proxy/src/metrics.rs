@@ -46,12 +46,36 @@ pub struct ProxyMetrics {
 impl ProxyMetrics {
     /// Register everything under `weft_`.
     pub fn register(&self, reg: &mut Registry) {
-        reg.register("weft_connections_opened", "Connections established", self.opened.clone());
-        reg.register("weft_connections_closed", "Connections closed", self.closed.clone());
-        reg.register("weft_connections_failed", "Connections that failed, by reason", self.failed.clone());
-        reg.register("weft_sent_bytes", "Bytes from source to destination", self.sent_bytes.clone());
-        reg.register("weft_received_bytes", "Bytes from destination to source", self.received_bytes.clone());
-        reg.register("weft_connections_active", "Connections open now", self.active.clone());
+        reg.register(
+            "weft_connections_opened",
+            "Connections established",
+            self.opened.clone(),
+        );
+        reg.register(
+            "weft_connections_closed",
+            "Connections closed",
+            self.closed.clone(),
+        );
+        reg.register(
+            "weft_connections_failed",
+            "Connections that failed, by reason",
+            self.failed.clone(),
+        );
+        reg.register(
+            "weft_sent_bytes",
+            "Bytes from source to destination",
+            self.sent_bytes.clone(),
+        );
+        reg.register(
+            "weft_received_bytes",
+            "Bytes from destination to source",
+            self.received_bytes.clone(),
+        );
+        reg.register(
+            "weft_connections_active",
+            "Connections open now",
+            self.active.clone(),
+        );
         reg.register(
             "weft_policy_recheck_closed",
             "Live connections closed because a policy change denied them",
@@ -61,6 +85,8 @@ impl ProxyMetrics {
 
     /// Count a failure.
     pub fn fail(&self, direction: &'static str, reason: &'static str) {
-        self.failed.get_or_create(&FailLabels { direction, reason }).inc();
+        self.failed
+            .get_or_create(&FailLabels { direction, reason })
+            .inc();
     }
 }

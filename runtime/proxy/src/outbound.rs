@@ -94,26 +94,50 @@ impl Inner {
             self.failed(record, None, reason, verdict, e.to_string(), flags);
             e
         };
-        if crate::config::RESERVED_PORTS.contains(&dst.port()) && state.workload_by_ip(dst.ip()).is_some() {
-            return Err(fail(&record, "self_call", "-", OutboundError::Unroutable(format!("{dst} is a weft port"))));
+        if crate::config::RESERVED_PORTS.contains(&dst.port())
+            && state.workload_by_ip(dst.ip()).is_some()
+        {
+            return Err(fail(
+                &record,
+                "self_call",
+                "-",
+                OutboundError::Unroutable(format!("{dst} is a weft port")),
+            ));
         }
         let resolved: Resolved = match state.resolve(dst) {
             Ok(r) => r,
-            Err(e) => return Err(fail(&record, "unknown_destination", "-", OutboundError::Unroutable(e.to_string()))),
+            Err(e) => {
+                return Err(fail(
+                    &record,
+                    "unknown_destination",
+                    "-",
+                    OutboundError::Unroutable(e.to_string()),
+                ));
+            }
         };
         record.dst_workload = resolved.workload.as_ref().map(|w| w.meta.clone());
         record.dst_service = resolved.service.as_ref().map(|s| s.key());
         record.hbone = resolved.is_hbone();
         if let v @ Verdict::Deny { .. } = self.hooks.authorize(&record) {
-            let Verdict::Deny { by, reason } = v else { unreachable!() };
-            return Err(fail(&record, "denied", "DENY", OutboundError::Denied { by, reason }));
+            let Verdict::Deny { by, reason } = v else {
+                unreachable!()
+            };
+            return Err(fail(
+                &record,
+                "denied",
+                "DENY",
+                OutboundError::Denied { by, reason },
+            ));
         }
         let record = Arc::new(record);
         let dst_wl = match (&resolved.workload, record.hbone) {
             (Some(w), true) if w.protocol == TunnelProtocol::Hbone => w.clone(),
             _ => {
                 // Plain TCP: a TCP workload, or a destination outside the mesh.
-                let bind = src_wl.as_ref().filter(|_| self.cfg.bind_source_ip).map(|_| src.ip());
+                let bind = src_wl
+                    .as_ref()
+                    .filter(|_| self.cfg.bind_source_ip)
+                    .map(|_| src.ip());
                 let conn = tokio::time::timeout(
                     self.cfg.connect_timeout,
                     socket::connect(resolved.addr, self.cfg.mark, bind),
@@ -126,7 +150,12 @@ impl Inner {
                         record,
                         upstream: Upstream::Tcp(s),
                     }),
-                    Err(e) => Err(fail(&record, "connect", "CONNECT", OutboundError::Connect(format!("{}: {e}", resolved.addr)))),
+                    Err(e) => Err(fail(
+                        &record,
+                        "connect",
+                        "CONNECT",
+                        OutboundError::Connect(format!("{}: {e}", resolved.addr)),
+                    )),
                 };
             }
         };
@@ -135,23 +164,69 @@ impl Inner {
                 &record,
                 "identity",
                 "IDENTITY_ERROR",
-                OutboundError::Identity(format!("source {src} is not a workload on node {}", self.cfg.node)),
+                OutboundError::Identity(format!(
+                    "source {src} is not a workload on node {}",
+                    self.cfg.node
+                )),
             ));
         };
-        let src_id = SpiffeId::new(&src_wl.trust_domain, &src_wl.namespace, &src_wl.service_account)
-            .map_err(|e| fail(&record, "identity", "IDENTITY_ERROR", OutboundError::Identity(e.to_string())))?;
-        let dst_id = SpiffeId::new(&dst_wl.trust_domain, &dst_wl.namespace, &dst_wl.service_account)
-            .map_err(|e| fail(&record, "identity", "IDENTITY_ERROR", OutboundError::Identity(e.to_string())))?;
+        let src_id = SpiffeId::new(
+            &src_wl.trust_domain,
+            &src_wl.namespace,
+            &src_wl.service_account,
+        )
+        .map_err(|e| {
+            fail(
+                &record,
+                "identity",
+                "IDENTITY_ERROR",
+                OutboundError::Identity(e.to_string()),
+            )
+        })?;
+        let dst_id = SpiffeId::new(
+            &dst_wl.trust_domain,
+            &dst_wl.namespace,
+            &dst_wl.service_account,
+        )
+        .map_err(|e| {
+            fail(
+                &record,
+                "identity",
+                "IDENTITY_ERROR",
+                OutboundError::Identity(e.to_string()),
+            )
+        })?;
         let mut expected = vec![dst_id.clone()];
         if let Some(svc) = &resolved.service {
-            expected.extend(svc.subject_alt_names.iter().filter_map(|s| s.parse::<SpiffeId>().ok()));
+            expected.extend(
+                svc.subject_alt_names
+                    .iter()
+                    .filter_map(|s| s.parse::<SpiffeId>().ok()),
+            );
         }
         let hbone_addr = SocketAddr::new(resolved.addr.ip(), self.cfg.hbone_port);
-        let cert = match tokio::time::timeout(self.cfg.identity_timeout, self.identity.fetch(&src_id)).await {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Err(fail(&record, "identity", "IDENTITY_ERROR", OutboundError::Identity(format!("{src_id}: {e}")))),
-            Err(_) => return Err(fail(&record, "identity", "IDENTITY_ERROR", OutboundError::Identity(format!("{src_id}: timed out")))),
-        };
+        let cert =
+            match tokio::time::timeout(self.cfg.identity_timeout, self.identity.fetch(&src_id))
+                .await
+            {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => {
+                    return Err(fail(
+                        &record,
+                        "identity",
+                        "IDENTITY_ERROR",
+                        OutboundError::Identity(format!("{src_id}: {e}")),
+                    ));
+                }
+                Err(_) => {
+                    return Err(fail(
+                        &record,
+                        "identity",
+                        "IDENTITY_ERROR",
+                        OutboundError::Identity(format!("{src_id}: timed out")),
+                    ));
+                }
+            };
         let src_ip = self.cfg.bind_source_ip.then_some(src.ip());
         let key = PoolKey {
             src_id,
@@ -196,8 +271,19 @@ impl Inner {
             }),
             Err(e) => {
                 let msg = error_chain(&e);
-                let flags = if msg.contains("TLS") { "TLS_FAILURE" } else { "CONNECT" };
-                self.failed(&record, Some(hbone_addr), "connect", Verdict::Allow, msg.clone(), flags);
+                let flags = if msg.contains("TLS") {
+                    "TLS_FAILURE"
+                } else {
+                    "CONNECT"
+                };
+                self.failed(
+                    &record,
+                    Some(hbone_addr),
+                    "connect",
+                    Verdict::Allow,
+                    msg.clone(),
+                    flags,
+                );
                 tracing::warn!(conn = record.id, %src, %dst, %hbone_addr, error = %msg, "outbound HBONE connection failed");
                 Err(OutboundError::Connect(msg))
             }
@@ -210,11 +296,19 @@ impl Inner {
         match est.upstream {
             Upstream::Hbone(stream, addr) => {
                 let (ur, uw) = stream.into_split();
-                self.run(est.record, "hbone", Some(addr), Halves(cr, cw), Halves(ur, uw)).await;
+                self.run(
+                    est.record,
+                    "hbone",
+                    Some(addr),
+                    Halves(cr, cw),
+                    Halves(ur, uw),
+                )
+                .await;
             }
             Upstream::Tcp(s) => {
                 let (ur, uw) = s.into_split();
-                self.run(est.record, "tcp", None, Halves(cr, cw), Halves(ur, uw)).await;
+                self.run(est.record, "tcp", None, Halves(cr, cw), Halves(ur, uw))
+                    .await;
             }
         }
     }

@@ -11,7 +11,11 @@ use crate::{Inner, socket};
 
 impl Inner {
     /// One captured plaintext inbound connection.
-    pub(crate) async fn handle_plaintext(self: Arc<Self>, client: TcpStream, src: std::net::SocketAddr) {
+    pub(crate) async fn handle_plaintext(
+        self: Arc<Self>,
+        client: TcpStream,
+        src: std::net::SocketAddr,
+    ) {
         let dst = match socket::original_dst(&client) {
             Ok(d) if Some(d) != client.local_addr().ok() => d,
             Ok(_) | Err(_) => {
@@ -46,20 +50,39 @@ impl Inner {
             self.failed(&record, None, "denied", v.clone(), format!("{v:?}"), "DENY");
             return;
         }
-        let upstream = tokio::time::timeout(self.cfg.connect_timeout, socket::connect(dst, self.cfg.mark, None)).await;
+        let upstream = tokio::time::timeout(
+            self.cfg.connect_timeout,
+            socket::connect(dst, self.cfg.mark, None),
+        )
+        .await;
         let upstream = match upstream {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
-                self.failed(&record, None, "connect", Verdict::Allow, format!("connect to {dst}: {e}"), "CONNECT");
+                self.failed(
+                    &record,
+                    None,
+                    "connect",
+                    Verdict::Allow,
+                    format!("connect to {dst}: {e}"),
+                    "CONNECT",
+                );
                 return;
             }
             Err(_) => {
-                self.failed(&record, None, "connect", Verdict::Allow, format!("connect to {dst}: timed out"), "CONNECT");
+                self.failed(
+                    &record,
+                    None,
+                    "connect",
+                    Verdict::Allow,
+                    format!("connect to {dst}: timed out"),
+                    "CONNECT",
+                );
                 return;
             }
         };
         let (cr, cw) = client.into_split();
         let (ur, uw) = upstream.into_split();
-        self.run(record, "plaintext", None, Halves(cr, cw), Halves(ur, uw)).await;
+        self.run(record, "plaintext", None, Halves(cr, cw), Halves(ur, uw))
+            .await;
     }
 }

@@ -67,7 +67,12 @@ pub enum RelayEnd {
     Cancelled,
 }
 
-async fn copy_half<R, W>(mut r: R, mut w: W, count: &AtomicU64, counters: &Counters) -> io::Result<()>
+async fn copy_half<R, W>(
+    mut r: R,
+    mut w: W,
+    count: &AtomicU64,
+    counters: &Counters,
+) -> io::Result<()>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,

@@ -18,7 +18,11 @@ pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
 }
 
 /// Connect to `dst`, marking the socket (so capture rules skip it) and binding the source IP when asked.
-pub async fn connect(dst: SocketAddr, mark: Option<u32>, src_ip: Option<IpAddr>) -> io::Result<TcpStream> {
+pub async fn connect(
+    dst: SocketAddr,
+    mark: Option<u32>,
+    src_ip: Option<IpAddr>,
+) -> io::Result<TcpStream> {
     let sock = Socket::new(Domain::for_address(dst), Type::STREAM, Some(Protocol::TCP))?;
     sock.set_nonblocking(true)?;
     if let Some(m) = mark {
@@ -44,6 +48,10 @@ pub fn original_dst(stream: &TcpStream) -> io::Result<SocketAddr> {
     } else {
         sock.original_dst_v6()?
     };
-    orig.as_socket()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "original destination is not an IP address"))
+    orig.as_socket().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            "original destination is not an IP address",
+        )
+    })
 }

@@ -59,7 +59,10 @@ async fn read_request(s: &mut TcpStream) -> std::io::Result<Option<SocketAddr>> 
             s.read_exact(&mut len).await?;
             let mut name = vec![0u8; usize::from(len[0])];
             s.read_exact(&mut name).await?;
-            match std::str::from_utf8(&name).ok().and_then(|n| n.parse::<IpAddr>().ok()) {
+            match std::str::from_utf8(&name)
+                .ok()
+                .and_then(|n| n.parse::<IpAddr>().ok())
+            {
                 Some(ip) => ip,
                 None => {
                     let mut port = [0u8; 2];
@@ -86,22 +89,23 @@ async fn read_request(s: &mut TcpStream) -> std::io::Result<Option<SocketAddr>> 
 impl Inner {
     /// Serve one SOCKS5 client.
     pub(crate) async fn handle_socks5(self: Arc<Self>, mut client: TcpStream, src: SocketAddr) {
-        let dst = match tokio::time::timeout(self.cfg.connect_timeout, read_request(&mut client)).await {
-            Ok(Ok(Some(d))) => d,
-            Ok(Ok(None)) => {
-                self.metrics.fail("outbound", "socks5_request");
-                return;
-            }
-            Ok(Err(e)) => {
-                tracing::debug!(%src, error = %e, "SOCKS5 handshake failed");
-                self.metrics.fail("outbound", "socks5_request");
-                return;
-            }
-            Err(_) => {
-                self.metrics.fail("outbound", "socks5_request");
-                return;
-            }
-        };
+        let dst =
+            match tokio::time::timeout(self.cfg.connect_timeout, read_request(&mut client)).await {
+                Ok(Ok(Some(d))) => d,
+                Ok(Ok(None)) => {
+                    self.metrics.fail("outbound", "socks5_request");
+                    return;
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(%src, error = %e, "SOCKS5 handshake failed");
+                    self.metrics.fail("outbound", "socks5_request");
+                    return;
+                }
+                Err(_) => {
+                    self.metrics.fail("outbound", "socks5_request");
+                    return;
+                }
+            };
         match self.establish_outbound(src, dst).await {
             Ok(est) => {
                 if reply(&mut client, REP_OK).await.is_ok() {

@@ -19,7 +19,10 @@ pub struct ConnControl {
 impl ConnControl {
     /// Close the connection because a re-check denied it.
     pub fn deny(&self, verdict: Verdict) {
-        *self.reason.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(verdict);
+        *self
+            .reason
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(verdict);
         self.cancel.cancel();
     }
 
@@ -47,7 +50,9 @@ pub struct ConnTracker {
 
 impl std::fmt::Debug for ConnTracker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConnTracker").field("live", &self.len()).finish()
+        f.debug_struct("ConnTracker")
+            .field("live", &self.len())
+            .finish()
     }
 }
 
@@ -68,7 +73,9 @@ impl Drop for TrackGuard {
 
 impl ConnTracker {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Tracked>> {
-        self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// A fresh connection id.
@@ -77,9 +84,19 @@ impl ConnTracker {
     }
 
     /// Register an allowed, established connection.
-    pub fn register(self: &Arc<Self>, record: Arc<ConnectionRecord>, ctl: Arc<ConnControl>) -> TrackGuard {
+    pub fn register(
+        self: &Arc<Self>,
+        record: Arc<ConnectionRecord>,
+        ctl: Arc<ConnControl>,
+    ) -> TrackGuard {
         let id = record.id;
-        self.lock().insert(id, Tracked { record, ctl: ctl.clone() });
+        self.lock().insert(
+            id,
+            Tracked {
+                record,
+                ctl: ctl.clone(),
+            },
+        );
         TrackGuard {
             tracker: self.clone(),
             id,

@@ -1,0 +1,238 @@
+//! Reconciling the plugin set with the config: load new or changed specs off the data path, keep unchanged ones,
+//! hand changed control-plane state to the plugins that want it, drop removed ones, then swap the chain in one
+//! step. A spec that fails at any step is rejected with its reason while the previous version keeps serving.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::Serialize;
+use weft_state::{PluginKind, PluginSpec, Policy};
+
+use crate::bindings::types as wit;
+use crate::chain::Chain;
+use crate::host::PluginHost;
+use crate::plugin::PluginVersion;
+
+/// What `apply` did with one plugin.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum Outcome {
+    /// A new version (code or config) loaded and now serves.
+    Loaded {
+        /// sha256 of the code.
+        sha256: String,
+    },
+    /// Same spec as before: nothing done.
+    Unchanged,
+    /// Same code and config, new control-plane state handed over; the re-configured version now serves.
+    StateUpdated,
+    /// The plugin is no longer in the config and stopped serving.
+    Removed,
+    /// The new spec (or state) was refused. `still_serving` is the sha256 of the version that keeps serving, if any.
+    Rejected {
+        /// Why.
+        reason: String,
+        /// The version still serving for this name.
+        still_serving: Option<String>,
+    },
+}
+
+/// One plugin's outcome.
+#[derive(Debug, Clone, Serialize)]
+pub struct PluginOutcome {
+    /// Plugin name.
+    pub name: String,
+    /// What happened.
+    #[serde(flatten)]
+    pub outcome: Outcome,
+}
+
+/// What `apply` did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ApplyReport {
+    /// Per plugin, in name order.
+    pub plugins: Vec<PluginOutcome>,
+    /// Whether live connections were asked to be re-checked (the `policy_changes` watch was bumped).
+    pub recheck: bool,
+}
+
+impl ApplyReport {
+    /// The outcome for a plugin name.
+    pub fn get(&self, name: &str) -> Option<&Outcome> {
+        self.plugins
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| &p.outcome)
+    }
+
+    /// The rejections: (name, reason).
+    pub fn rejected(&self) -> Vec<(&str, &str)> {
+        self.plugins
+            .iter()
+            .filter_map(|p| match &p.outcome {
+                Outcome::Rejected { reason, .. } => Some((p.name.as_str(), reason.as_str())),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+impl PluginHost {
+    /// Reconciles the plugins with `specs` and hands `policies` to the policy plugins that want them. Blocking:
+    /// compiling and configuring take milliseconds to seconds, so call it from a blocking thread (or use
+    /// [`Self::apply_async`]). Calls are serialized. New connections see the new chain as soon as it returns.
+    pub fn apply(&self, specs: &[Arc<PluginSpec>], policies: &[Arc<Policy>]) -> ApplyReport {
+        let mut applied = match self.applied.lock() {
+            Ok(a) => a,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let policies_changed = applied.generation == 0
+            || applied.policies.len() != policies.len()
+            || applied
+                .policies
+                .iter()
+                .zip(policies)
+                .any(|(a, b)| **a != **b);
+        if policies_changed {
+            applied.policy_state =
+                Arc::new(policies.iter().map(|p| crate::convert::policy(p)).collect());
+            applied.policies = policies.to_vec();
+        }
+        applied.generation += 1;
+        let state = applied.policy_state.clone();
+
+        let mut report = ApplyReport::default();
+        let mut recheck = false;
+        let mut next: BTreeMap<String, Arc<PluginVersion>> = BTreeMap::new();
+        let mut wanted: BTreeMap<String, Arc<PluginSpec>> = BTreeMap::new();
+        for spec in specs {
+            let name = spec.name.clone();
+            if wanted.contains_key(&name) {
+                report.plugins.push(PluginOutcome {
+                    name,
+                    outcome: Outcome::Rejected {
+                        reason: "duplicate plugin name in the config".into(),
+                        still_serving: None,
+                    },
+                });
+                continue;
+            }
+            wanted.insert(name.clone(), spec.clone());
+            let current = applied.serving.get(&name).cloned();
+            // Same spec, and for a file source the same bytes in the file (a rebuilt plugin at the same path is
+            // a new version).
+            let unchanged_spec = current
+                .as_ref()
+                .is_some_and(|c| *c.spec == **spec && same_code(c, spec));
+            let wants_state =
+                |v: &PluginVersion| v.wants.contains(wit::StateKinds::AUTHORIZATION_POLICIES);
+            let result = match &current {
+                Some(cur) if unchanged_spec && !(policies_changed && wants_state(cur)) => {
+                    Ok::<_, String>((cur.clone(), Outcome::Unchanged))
+                }
+                Some(cur) if unchanged_spec => cur
+                    .with_state(&state)
+                    .map(|v| (Arc::new(v), Outcome::StateUpdated))
+                    .map_err(|e| e.to_string()),
+                _ => PluginVersion::load(&self.shared, spec.clone(), &state)
+                    .map(|v| {
+                        let sha = v.sha256.clone();
+                        (Arc::new(v), Outcome::Loaded { sha256: sha })
+                    })
+                    .map_err(|e| e.to_string()),
+            };
+            match result {
+                Ok((version, outcome)) => {
+                    if outcome != Outcome::Unchanged {
+                        self.shared.metrics.load(&name, "loaded");
+                        tracing::info!(plugin = %name, sha256 = %version.sha256, ?outcome, "plugin serving");
+                        if version.spec.kind == PluginKind::Policy && version.spec.recheck {
+                            recheck = true;
+                        }
+                    }
+                    applied.rejected.remove(&name);
+                    next.insert(name.clone(), version);
+                    report.plugins.push(PluginOutcome { name, outcome });
+                }
+                Err(reason) => {
+                    self.shared.metrics.load(&name, "rejected");
+                    let still_serving = current.as_ref().map(|c| c.sha256.clone());
+                    tracing::warn!(plugin = %name, %reason, still_serving = ?still_serving, "plugin rejected");
+                    if let Some(cur) = current {
+                        next.insert(name.clone(), cur);
+                    } else if spec.kind == PluginKind::Policy && spec.recheck {
+                        recheck = true;
+                    }
+                    applied
+                        .rejected
+                        .insert(name.clone(), (spec.clone(), reason.clone()));
+                    report.plugins.push(PluginOutcome {
+                        name,
+                        outcome: Outcome::Rejected {
+                            reason,
+                            still_serving,
+                        },
+                    });
+                }
+            }
+        }
+        for name in applied.serving.keys() {
+            if !wanted.contains_key(name) {
+                report.plugins.push(PluginOutcome {
+                    name: name.clone(),
+                    outcome: Outcome::Removed,
+                });
+                self.shared.hub.remove(name);
+                tracing::info!(plugin = %name, "plugin removed");
+            }
+        }
+        applied.rejected.retain(|name, _| wanted.contains_key(name));
+        let serving: Vec<Arc<PluginVersion>> = next.values().cloned().collect();
+        let broken: Vec<(Arc<PluginSpec>, String)> = applied
+            .rejected
+            .iter()
+            .filter(|(name, _)| !next.contains_key(*name))
+            .map(|(_, (spec, reason))| (spec.clone(), reason.clone()))
+            .collect();
+        self.chain.store(Arc::new(Chain::build(&serving, &broken)));
+        applied.serving = next;
+        applied.specs = wanted;
+        if recheck {
+            self.changes.send_modify(|v| *v += 1);
+        }
+        report.recheck = recheck;
+        report.plugins.sort_by(|a, b| a.name.cmp(&b.name));
+        report
+    }
+
+    /// [`Self::apply`] on tokio's blocking pool, for callers in an async context.
+    pub async fn apply_async(
+        self: &Arc<Self>,
+        specs: Vec<Arc<PluginSpec>>,
+        policies: Vec<Arc<Policy>>,
+    ) -> ApplyReport {
+        let host = self.clone();
+        match tokio::task::spawn_blocking(move || host.apply(&specs, &policies)).await {
+            Ok(report) => report,
+            Err(e) => ApplyReport {
+                plugins: vec![PluginOutcome {
+                    name: "*".into(),
+                    outcome: Outcome::Rejected {
+                        reason: format!("apply task failed: {e}"),
+                        still_serving: None,
+                    },
+                }],
+                recheck: false,
+            },
+        }
+    }
+}
+
+fn same_code(current: &PluginVersion, spec: &PluginSpec) -> bool {
+    match &spec.source {
+        weft_state::PluginSource::Inline(_) => true,
+        weft_state::PluginSource::Path(p) => {
+            std::fs::read(p).is_ok_and(|bytes| crate::engine::sha256_hex(&bytes) == current.sha256)
+        }
+    }
+}

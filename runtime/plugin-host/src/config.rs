@@ -1,0 +1,66 @@
+//! The host's knobs: sandbox limits, deadlines, pools, caches and queues.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How the plugin host runs plugins. `Default` gives production values.
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    /// Where compiled components are cached on disk (`<sha256 of the component>.cwasm`); `None`: memory only.
+    pub cache_dir: Option<PathBuf>,
+    /// Per-call budget for `authorize` and telemetry batches: CPU time of the calling thread, checked at epoch
+    /// ticks (so OS preemption does not count against a plugin), with a wall-clock cap of 10× the budget.
+    pub call_deadline: Duration,
+    /// Deadline for `configure` and `update-state` (they may index large state).
+    pub configure_deadline: Duration,
+    /// Epoch tick of the ticker thread. A deadline is rounded up to whole ticks, plus one tick (a deadline of one
+    /// tick can trap a healthy call when the tick lands just after it starts).
+    pub epoch_tick: Duration,
+    /// Linear memory cap per instance.
+    pub memory_limit: usize,
+    /// Wasm stack cap per call.
+    pub max_wasm_stack: usize,
+    /// Instance slots in the pooling allocator, for all plugins and versions together (loading a new version
+    /// needs free slots while the old one still serves).
+    pub max_instances: u32,
+    /// Idle instances kept per plugin version for reuse.
+    pub max_idle_per_plugin: usize,
+    /// Instances created and configured when a version loads, before it serves (so the data path never pays for
+    /// instantiation in steady state).
+    pub prewarm_instances: usize,
+    /// Metric series a plugin may create (all its metrics together); more are dropped and counted.
+    pub max_series_per_plugin: usize,
+    /// Longest deny reason kept (longer: the call counts as failed, failure policy applies).
+    pub max_reason_len: usize,
+    /// Log lines a plugin may write per second (burst the same); more are dropped and counted.
+    pub log_lines_per_sec: u32,
+    /// Longest log line (longer lines are truncated).
+    pub max_log_len: usize,
+    /// Telemetry events queued for the telemetry thread; when full, events are dropped and counted.
+    pub telemetry_queue: usize,
+    /// Most events handed to a telemetry plugin in one call.
+    pub telemetry_batch: usize,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Self {
+            cache_dir: None,
+            call_deadline: Duration::from_millis(10),
+            configure_deadline: Duration::from_secs(1),
+            epoch_tick: Duration::from_millis(1),
+            memory_limit: 16 << 20,
+            max_wasm_stack: 512 << 10,
+            max_instances: 256,
+            max_idle_per_plugin: cpus.max(2) * 2,
+            prewarm_instances: cpus.max(1),
+            max_series_per_plugin: 10_000,
+            max_reason_len: 1024,
+            log_lines_per_sec: 20,
+            max_log_len: 1024,
+            telemetry_queue: 16 * 1024,
+            telemetry_batch: 256,
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! `PluginHost`: the engine and the chain behind `weft_hooks::ConnectionHooks`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use prometheus_client::registry::Registry;
+use weft_hooks::{CloseRecord, ConnectionHooks, ConnectionRecord, Verdict};
+use weft_state::PluginSpec;
+
+use crate::chain::Chain;
+use crate::config::HostConfig;
+use crate::engine::{CompileCache, Ticker, build_engine};
+use crate::host_metrics::HostMetrics;
+use crate::instance::Limits;
+use crate::plugin::{PluginVersion, PolicyState};
+use crate::plugin_metrics::MetricsHub;
+use crate::shared::Shared;
+use crate::telemetry::{Msg, TelemetryQueue};
+
+/// Why the host could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// The wasm engine could not be created (bad limits).
+    #[error("{0}")]
+    Engine(String),
+    /// A helper thread could not be spawned.
+    #[error("cannot spawn a plugin-host thread: {0}")]
+    Thread(#[from] std::io::Error),
+}
+
+/// What `apply` reconciles against: the serving versions and the specs that were rejected.
+#[derive(Default)]
+pub(crate) struct Applied {
+    pub serving: BTreeMap<String, Arc<PluginVersion>>,
+    /// Last rejection per plugin name (cleared when a version of it loads), with the spec that was rejected.
+    pub rejected: BTreeMap<String, (Arc<PluginSpec>, String)>,
+    /// Names in the last applied config (serving or not).
+    pub specs: BTreeMap<String, Arc<PluginSpec>>,
+    pub policies: Vec<Arc<weft_state::Policy>>,
+    pub policy_state: PolicyState,
+    pub generation: u64,
+}
+
+/// The Wasm plugin host. Cheap to share (`Arc<PluginHost>`); implements [`ConnectionHooks`] for the data path.
+pub struct PluginHost {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) chain: Arc<ArcSwap<Chain>>,
+    pub(crate) applied: Mutex<Applied>,
+    pub(crate) changes: tokio::sync::watch::Sender<u64>,
+    telemetry: TelemetryQueue,
+    _ticker: Ticker,
+}
+
+impl std::fmt::Debug for PluginHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginHost").finish_non_exhaustive()
+    }
+}
+
+impl PluginHost {
+    /// Creates the engine, the epoch ticker and the telemetry thread. No plugin is loaded until [`Self::apply`].
+    pub fn new(config: HostConfig) -> Result<Self, HostError> {
+        let engine = build_engine(&config).map_err(HostError::Engine)?;
+        let ticker = Ticker::start(engine.clone(), config.epoch_tick)?;
+        let limits = Limits {
+            memory: config.memory_limit,
+            call_deadline: config.call_deadline,
+            configure_deadline: config.configure_deadline,
+            tick: config.epoch_tick,
+            max_reason_len: config.max_reason_len,
+        };
+        let metrics = HostMetrics::default();
+        let chain = Arc::new(ArcSwap::from_pointee(Chain::default()));
+        let telemetry = TelemetryQueue::start(
+            chain.clone(),
+            config.telemetry_queue,
+            config.telemetry_batch,
+            metrics.telemetry_dropped.clone(),
+        )?;
+        let shared = Arc::new(Shared {
+            cache: CompileCache::new(engine.clone(), config.cache_dir.clone()),
+            engine,
+            limits,
+            metrics,
+            hub: Arc::new(MetricsHub::default()),
+            epoch_start: Instant::now(),
+            config,
+        });
+        Ok(Self {
+            shared,
+            chain,
+            applied: Mutex::new(Applied::default()),
+            changes: tokio::sync::watch::channel(0).0,
+            telemetry,
+            _ticker: ticker,
+        })
+    }
+
+    /// The host's configuration.
+    pub fn config(&self) -> &HostConfig {
+        &self.shared.config
+    }
+
+    /// Registers the per-plugin host metrics (`weft_plugin_*`) and every plugin-defined metric (names and labels
+    /// exactly as the plugin defined them; a counter `x_total` is exposed as `x_total`) into `registry`. Register
+    /// into the root registry (no prefix) so plugin metric names stay as defined. Plugin metrics appear and
+    /// disappear with the plugins; nothing needs re-registering after `apply`.
+    pub fn register_metrics(&self, registry: &mut Registry) {
+        self.shared.metrics.register(registry, &self.shared.hub);
+    }
+
+    /// The same metrics as Prometheus/OpenMetrics text (tests, debugging).
+    pub fn metrics_text(&self) -> String {
+        let mut registry = Registry::default();
+        self.register_metrics(&mut registry);
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+
+    /// Blocks until every telemetry event queued so far has been handed to the telemetry plugins (tests, drain).
+    pub fn flush_telemetry(&self) {
+        self.telemetry.flush();
+    }
+
+    /// Runs `authorize` of the named policy plugin on a brand-new instance, bypassing the pool (benchmarks: the
+    /// cost that instance reuse saves). `None` when no such plugin serves.
+    pub fn authorize_fresh_instance(
+        &self,
+        plugin: &str,
+        conn: &ConnectionRecord,
+    ) -> Option<Verdict> {
+        let v = self.applied.lock().ok()?.serving.get(plugin).cloned()?;
+        Some(v.authorize_fresh(conn))
+    }
+}
+
+impl ConnectionHooks for PluginHost {
+    fn authorize(&self, conn: &ConnectionRecord) -> Verdict {
+        self.chain.load().authorize(conn)
+    }
+
+    fn on_open(&self, conn: &ConnectionRecord) {
+        if !self.chain.load().telemetry.is_empty() {
+            self.telemetry.send(Msg::Opened(conn.clone()));
+        }
+    }
+
+    fn on_close(&self, conn: &ConnectionRecord, close: &CloseRecord) {
+        if !self.chain.load().telemetry.is_empty() {
+            self.telemetry
+                .send(Msg::Closed(conn.clone(), close.clone()));
+        }
+    }
+
+    fn policy_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+}

@@ -1,0 +1,154 @@
+//! The host's own per-plugin metrics (calls, denials, errors by kind, call latency, instances, drops), and their
+//! registration, together with the plugin-defined metrics, into a `prometheus_client` registry.
+
+use std::sync::Arc;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::error::ErrorKind;
+use crate::plugin_metrics::MetricsHub;
+
+type Labels = Vec<(String, String)>;
+type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 1 µs .. ~262 ms.
+    Histogram::new(exponential_buckets(1e-6, 4.0, 10))
+}
+
+/// The host's metric families (cheap to clone: shared).
+#[derive(Clone, Debug)]
+pub(crate) struct HostMetrics {
+    calls: Family<Labels, Counter>,
+    denials: Family<Labels, Counter>,
+    errors: Family<Labels, Counter>,
+    latency: HistogramFamily,
+    instances: Family<Labels, Gauge>,
+    loads: Family<Labels, Counter>,
+    log_dropped: Family<Labels, Counter>,
+    series_dropped: Family<Labels, Counter>,
+    pub(crate) telemetry_dropped: Counter,
+}
+
+impl Default for HostMetrics {
+    fn default() -> Self {
+        Self {
+            calls: Family::default(),
+            denials: Family::default(),
+            errors: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram),
+            instances: Family::default(),
+            loads: Family::default(),
+            log_dropped: Family::default(),
+            series_dropped: Family::default(),
+            telemetry_dropped: Counter::default(),
+        }
+    }
+}
+
+/// One plugin's series, resolved once per plugin so that a call touches only atomics.
+#[derive(Clone, Debug)]
+pub(crate) struct PluginCounters {
+    pub calls: Counter,
+    pub denials: Counter,
+    errors: Vec<Counter>,
+    pub latency: Histogram,
+    pub instances: Gauge,
+    pub log_dropped: Counter,
+    pub series_dropped: Counter,
+}
+
+impl PluginCounters {
+    pub fn error(&self, kind: ErrorKind) -> &Counter {
+        let i = ErrorKind::ALL.iter().position(|k| *k == kind).unwrap_or(0);
+        &self.errors[i]
+    }
+}
+
+impl HostMetrics {
+    /// The series of one plugin (by name: they carry on across versions).
+    pub fn for_plugin(&self, plugin: &str, kind: &str) -> PluginCounters {
+        let p = vec![("plugin".to_string(), plugin.to_string())];
+        let with = |k: &str, v: &str| {
+            let mut l = p.clone();
+            l.push((k.to_string(), v.to_string()));
+            l
+        };
+        PluginCounters {
+            calls: self.calls.get_or_create(&with("kind", kind)).clone(),
+            denials: self.denials.get_or_create(&p).clone(),
+            errors: ErrorKind::ALL
+                .iter()
+                .map(|k| self.errors.get_or_create(&with("kind", k.as_str())).clone())
+                .collect(),
+            latency: self.latency.get_or_create(&p).clone(),
+            instances: self.instances.get_or_create(&p).clone(),
+            log_dropped: self.log_dropped.get_or_create(&p).clone(),
+            series_dropped: self.series_dropped.get_or_create(&p).clone(),
+        }
+    }
+
+    /// Counts a load attempt.
+    pub fn load(&self, plugin: &str, result: &str) {
+        self.loads
+            .get_or_create(&vec![
+                ("plugin".to_string(), plugin.to_string()),
+                ("result".to_string(), result.to_string()),
+            ])
+            .inc();
+    }
+
+    /// Registers the host families and the plugin-defined metrics (through a collector) into `registry`.
+    pub fn register(&self, registry: &mut Registry, hub: &Arc<MetricsHub>) {
+        registry.register(
+            "weft_plugin_calls",
+            "Plugin calls, by plugin and kind.",
+            self.calls.clone(),
+        );
+        registry.register(
+            "weft_plugin_denials",
+            "Connections a policy plugin denied.",
+            self.denials.clone(),
+        );
+        registry.register(
+            "weft_plugin_errors",
+            "Failed plugin calls (the failure policy applied), by kind.",
+            self.errors.clone(),
+        );
+        registry.register(
+            "weft_plugin_call_duration_seconds",
+            "Plugin call latency.",
+            self.latency.clone(),
+        );
+        registry.register(
+            "weft_plugin_instances",
+            "Live plugin instances.",
+            self.instances.clone(),
+        );
+        registry.register(
+            "weft_plugin_loads",
+            "Plugin version loads, by result.",
+            self.loads.clone(),
+        );
+        registry.register(
+            "weft_plugin_log_dropped",
+            "Plugin log lines dropped by the rate limit.",
+            self.log_dropped.clone(),
+        );
+        registry.register(
+            "weft_plugin_metric_series_dropped",
+            "Plugin metric updates dropped (series cap, bad handle or label count).",
+            self.series_dropped.clone(),
+        );
+        registry.register(
+            "weft_plugin_telemetry_events_dropped",
+            "Telemetry events dropped because the telemetry queue was full.",
+            self.telemetry_dropped.clone(),
+        );
+        registry.register_collector(Box::new(hub.clone()));
+    }
+}

@@ -1,0 +1,265 @@
+//! One sandboxed plugin instance (a `Store` and the world's exports), the calls into it with a deadline, and the
+//! classification of failures. An instance whose call failed is never reused.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use wasmtime::component::{Linker, Resource};
+use wasmtime::{Engine, Store, Trap};
+
+use crate::bindings::types as wit;
+use crate::bindings::{WorkloadRes, policy, telemetry};
+use crate::error::{CallError, ErrorKind, LoadError};
+use crate::store::{PluginCtx, StoreData};
+
+/// A component linked against the host and ready to instantiate (an `InstancePre` per world).
+#[derive(Clone)]
+pub(crate) enum Pre {
+    Policy(policy::TransportPolicyPre<StoreData>),
+    Telemetry(telemetry::TelemetrySinkPre<StoreData>),
+}
+
+enum Exports {
+    Policy(policy::TransportPolicy),
+    Telemetry(telemetry::TelemetrySink),
+}
+
+/// The limits applied to every instance.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub memory: usize,
+    pub call_deadline: Duration,
+    pub configure_deadline: Duration,
+    pub tick: Duration,
+    pub max_reason_len: usize,
+}
+
+/// A live instance.
+pub(crate) struct Instance {
+    store: Store<StoreData>,
+    exports: Exports,
+    limits: Limits,
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        self.store.data().ctx.counters.instances.dec();
+    }
+}
+
+/// Links `component` for its world; a component that does not fit (wrong world, WASI or other imports) fails here.
+pub(crate) fn link(
+    engine: &Engine,
+    component: &wasmtime::component::Component,
+    kind: weft_state::PluginKind,
+) -> Result<Pre, LoadError> {
+    let mut linker: Linker<StoreData> = Linker::new(engine);
+    let world = match kind {
+        weft_state::PluginKind::Policy => "weft:plugin/transport-policy",
+        weft_state::PluginKind::Telemetry => "weft:plugin/telemetry-sink",
+    };
+    let wrong = |e: wasmtime::Error| LoadError::WrongWorld {
+        world,
+        reason: describe_imports(engine, component, &format!("{e:#}")),
+    };
+    crate::wasi::define(engine, component, &mut linker)
+        .map_err(|reason| LoadError::WrongWorld { world, reason })?;
+    match kind {
+        weft_state::PluginKind::Policy => {
+            policy::TransportPolicy::add_to_linker::<_, wasmtime::component::HasSelf<_>>(
+                &mut linker,
+                |d| d,
+            )
+            .map_err(|e| LoadError::Internal(format!("{e:#}")))?;
+            let pre = linker.instantiate_pre(component).map_err(wrong)?;
+            Ok(Pre::Policy(
+                policy::TransportPolicyPre::new(pre).map_err(wrong)?,
+            ))
+        }
+        weft_state::PluginKind::Telemetry => {
+            telemetry::TelemetrySink::add_to_linker::<_, wasmtime::component::HasSelf<_>>(
+                &mut linker,
+                |d| d,
+            )
+            .map_err(|e| LoadError::Internal(format!("{e:#}")))?;
+            let pre = linker.instantiate_pre(component).map_err(wrong)?;
+            Ok(Pre::Telemetry(
+                telemetry::TelemetrySinkPre::new(pre).map_err(wrong)?,
+            ))
+        }
+    }
+}
+
+fn describe_imports(
+    engine: &Engine,
+    component: &wasmtime::component::Component,
+    error: &str,
+) -> String {
+    let ty = component.component_type();
+    let foreign: Vec<String> = ty
+        .imports(engine)
+        .map(|(name, _)| name.to_string())
+        .filter(|n| !n.starts_with("weft:plugin/") && !n.starts_with("wasi:"))
+        .collect();
+    if foreign.is_empty() {
+        error.to_string()
+    } else {
+        format!(
+            "{error} (the component imports {}; weft offers only weft:plugin/* and a locked-down WASI)",
+            foreign.join(", ")
+        )
+    }
+}
+
+/// Classifies a failed call.
+fn classify(e: wasmtime::Error, store: &Store<StoreData>) -> CallError {
+    if store.data().limiter.memory_hit {
+        return CallError {
+            kind: ErrorKind::Memory,
+            message: format!("{e:#}"),
+        };
+    }
+    let kind = match e.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => ErrorKind::Timeout,
+        Some(Trap::StackOverflow) => ErrorKind::StackOverflow,
+        _ => ErrorKind::Trap,
+    };
+    let message = match kind {
+        ErrorKind::Timeout => "call exceeded its deadline".to_string(),
+        _ => {
+            let mut m = format!("{e:#}");
+            m.truncate(m.char_indices().nth(300).map_or(m.len(), |(i, _)| i));
+            m
+        }
+    };
+    CallError { kind, message }
+}
+
+impl Instance {
+    /// Instantiates (no call yet).
+    pub fn new(
+        engine: &Engine,
+        pre: &Pre,
+        ctx: Arc<PluginCtx>,
+        limits: Limits,
+    ) -> Result<Self, CallError> {
+        let mut store = Store::new(
+            engine,
+            StoreData::new(ctx.clone(), limits.memory, limits.tick),
+        );
+        store.limiter(|d| &mut d.limiter);
+        store.epoch_deadline_callback(crate::budget::on_deadline);
+        let ticks = store.data_mut().budget.start(limits.configure_deadline);
+        store.set_epoch_deadline(ticks);
+        let inst_err = |e: wasmtime::Error| CallError {
+            kind: ErrorKind::Instantiate,
+            message: format!("{e:#}"),
+        };
+        let exports = match pre {
+            Pre::Policy(p) => Exports::Policy(p.instantiate(&mut store).map_err(inst_err)?),
+            Pre::Telemetry(p) => Exports::Telemetry(p.instantiate(&mut store).map_err(inst_err)?),
+        };
+        ctx.counters.instances.inc();
+        Ok(Self {
+            store,
+            exports,
+            limits,
+        })
+    }
+
+    /// `configure` of either world; policy plugins return the state they want.
+    pub fn configure(
+        &mut self,
+        config: &str,
+    ) -> Result<Result<wit::StateKinds, String>, CallError> {
+        start_budget(&mut self.store, self.limits.configure_deadline);
+        let r = match &self.exports {
+            Exports::Policy(p) => p
+                .weft_plugin_policy()
+                .call_configure(&mut self.store, config),
+            Exports::Telemetry(t) => t
+                .weft_plugin_telemetry()
+                .call_configure(&mut self.store, config)
+                .map(|r| r.map(|()| wit::StateKinds::empty())),
+        };
+        r.map_err(|e| classify(e, &self.store))
+    }
+
+    /// `update-state` (policy world only; telemetry ignores state).
+    pub fn update_state(
+        &mut self,
+        update: &wit::StateUpdate,
+    ) -> Result<Result<(), String>, CallError> {
+        start_budget(&mut self.store, self.limits.configure_deadline);
+        match &self.exports {
+            Exports::Policy(p) => p
+                .weft_plugin_policy()
+                .call_update_state(&mut self.store, update)
+                .map_err(|e| classify(e, &self.store)),
+            Exports::Telemetry(_) => Ok(Ok(())),
+        }
+    }
+
+    /// `authorize`. An oversized deny reason is a failure (`bad_output`).
+    pub fn authorize(
+        &mut self,
+        conn: &weft_hooks::ConnectionRecord,
+    ) -> Result<wit::Decision, CallError> {
+        let Exports::Policy(p) = &self.exports else {
+            return Ok(wit::Decision::Allow);
+        };
+        let wit_conn = crate::convert::connection(conn);
+        let table_err = |e: wasmtime::component::ResourceTableError| CallError {
+            kind: ErrorKind::Trap,
+            message: format!("resource table: {e}"),
+        };
+        let table = &mut self.store.data_mut().table;
+        let src = match &conn.src_workload {
+            Some(w) => Some(table.push(WorkloadRes(w.clone())).map_err(table_err)?),
+            None => None,
+        };
+        let dst = match &conn.dst_workload {
+            Some(w) => Some(table.push(WorkloadRes(w.clone())).map_err(table_err)?),
+            None => None,
+        };
+        let reps = (src.as_ref().map(|r| r.rep()), dst.as_ref().map(|r| r.rep()));
+        start_budget(&mut self.store, self.limits.call_deadline);
+        let r = p
+            .weft_plugin_policy()
+            .call_authorize(&mut self.store, &wit_conn, src, dst);
+        let table = &mut self.store.data_mut().table;
+        for rep in [reps.0, reps.1].into_iter().flatten() {
+            let _ = table.delete(Resource::<WorkloadRes>::new_own(rep));
+        }
+        let decision = r.map_err(|e| classify(e, &self.store))?;
+        if let wit::Decision::Deny(reason) = &decision
+            && reason.len() > self.limits.max_reason_len
+        {
+            return Err(CallError {
+                kind: ErrorKind::BadOutput,
+                message: format!(
+                    "deny reason of {} bytes exceeds the limit of {}",
+                    reason.len(),
+                    self.limits.max_reason_len
+                ),
+            });
+        }
+        Ok(decision)
+    }
+
+    /// `on-events` (telemetry world only).
+    pub fn on_events(&mut self, events: &[wit::Event]) -> Result<(), CallError> {
+        let Exports::Telemetry(t) = &self.exports else {
+            return Ok(());
+        };
+        start_budget(&mut self.store, self.limits.call_deadline);
+        t.weft_plugin_telemetry()
+            .call_on_events(&mut self.store, events)
+            .map_err(|e| classify(e, &self.store))
+    }
+}
+
+fn start_budget(store: &mut Store<StoreData>, budget: Duration) {
+    let ticks = store.data_mut().budget.start(budget);
+    store.set_epoch_deadline(ticks);
+}

@@ -1,0 +1,42 @@
+//! The Wasm plugin host: engine, compile cache, sandbox limits, instance pools and the hot-swappable plugin chain.
+//!
+//! [`PluginHost`] is the only thing in weft that links wasmtime. It implements [`weft_hooks::ConnectionHooks`]:
+//! the data path calls `authorize` once per connection (the policy chain, synchronous, on pooled pre-configured
+//! instances, each call under an epoch deadline), and `on_open`/`on_close` (queued to a telemetry thread, never
+//! blocking). [`PluginHost::apply`] reconciles the plugin set with the config: new or changed plugins are compiled
+//! (cached by content hash), linked against their world, instantiated and configured before the chain is swapped
+//! atomically; a plugin that fails any step is rejected with the reason while its previous version keeps serving.
+//!
+//! Sandbox: no WASI at all (a plugin importing anything but `weft:plugin/*` is rejected), a memory cap per instance
+//! (growing past it traps), a wasm stack cap, a deadline per call (epoch interruption, ticker thread), pooled
+//! instance slots. A call that traps or times out throws its instance away and applies the plugin's failure
+//! policy (policy: fail closed unless configured fail-open; telemetry: the batch is dropped), counted in
+//! `weft_plugin_errors_total{plugin,kind}`.
+
+mod apply;
+pub mod bindings;
+mod budget;
+mod chain;
+mod config;
+mod convert;
+mod engine;
+mod error;
+mod host;
+mod host_metrics;
+mod instance;
+mod plugin;
+mod plugin_metrics;
+mod shared;
+mod status;
+mod store;
+mod telemetry;
+pub mod testing;
+mod wasi;
+
+pub use apply::{ApplyReport, Outcome, PluginOutcome};
+pub use config::HostConfig;
+pub use engine::sha256_hex;
+pub use error::{CallError, ErrorKind, LoadError};
+pub use host::{HostError, PluginHost};
+pub use plugin_metrics::MetricsHub;
+pub use status::PluginStatus;

@@ -1,0 +1,319 @@
+//! A plugin version: its spec, its linked component, the config and control-plane state it was configured with,
+//! and its pool of configured instances. Immutable once serving: a new config, code or state makes a new version.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime};
+
+use weft_hooks::{ConnectionRecord, Verdict};
+use weft_state::{FailurePolicy, PluginKind, PluginSource, PluginSpec};
+
+use crate::bindings::types as wit;
+use crate::error::{CallError, ErrorKind, LoadError};
+use crate::instance::{Instance, Limits, Pre};
+use crate::shared::Shared;
+use crate::store::{LogLimiter, PluginCtx};
+
+/// The authorization policies in WIT form, shared by every version that wants them.
+pub(crate) type PolicyState = Arc<Vec<wit::AuthorizationPolicy>>;
+
+/// A loaded, configured plugin version.
+pub(crate) struct PluginVersion {
+    pub spec: Arc<PluginSpec>,
+    pub sha256: String,
+    pub loaded_at: SystemTime,
+    pub wants: wit::StateKinds,
+    /// The state this version was configured with (only when it wants it).
+    pub state: Option<PolicyState>,
+    pub ctx: Arc<PluginCtx>,
+    pre: Pre,
+    limits: Limits,
+    shared: Arc<Shared>,
+    idle: Mutex<Vec<Instance>>,
+    /// Rate limit for the host's own warnings about this plugin (failures, denials).
+    pub warn_limiter: LogLimiter,
+}
+
+/// Reads the code of a spec.
+pub(crate) fn read_source(spec: &PluginSpec) -> Result<Arc<Vec<u8>>, LoadError> {
+    match &spec.source {
+        PluginSource::Inline(bytes) => Ok(bytes.clone()),
+        PluginSource::Path(p) => std::fs::read(p)
+            .map(Arc::new)
+            .map_err(|source| LoadError::Read {
+                path: p.display().to_string(),
+                source,
+            }),
+    }
+}
+
+impl PluginVersion {
+    /// Loads a spec: read, check sha256, compile (cached), link for its world, instantiate and configure the
+    /// pre-warmed instances, hand them the state. Any failure rejects the version.
+    pub fn load(
+        shared: &Arc<Shared>,
+        spec: Arc<PluginSpec>,
+        policies: &PolicyState,
+    ) -> Result<Self, LoadError> {
+        let bytes = read_source(&spec)?;
+        let sha = crate::engine::sha256_hex(&bytes);
+        if let Some(expected) = &spec.sha256
+            && !expected.trim().eq_ignore_ascii_case(&sha)
+        {
+            return Err(LoadError::Sha256Mismatch {
+                expected: expected.trim().to_ascii_lowercase(),
+                actual: sha,
+            });
+        }
+        let component = shared.cache.get(&sha, &bytes)?;
+        let pre = crate::instance::link(&shared.engine, &component, spec.kind)?;
+        let kind = match spec.kind {
+            PluginKind::Policy => "policy",
+            PluginKind::Telemetry => "telemetry",
+        };
+        let counters = shared.metrics.for_plugin(&spec.name, kind);
+        let ctx = Arc::new(PluginCtx {
+            name: spec.name.clone(),
+            metrics: shared.hub.plugin(
+                &spec.name,
+                shared.config.max_series_per_plugin,
+                counters.series_dropped.clone(),
+            ),
+            counters,
+            hub: shared.hub.clone(),
+            log: LogLimiter::new(shared.config.log_lines_per_sec),
+            max_log_len: shared.config.max_log_len,
+            epoch_start: shared.epoch_start,
+        });
+        let version = PluginVersion {
+            spec,
+            sha256: sha,
+            loaded_at: SystemTime::now(),
+            wants: wit::StateKinds::empty(),
+            state: None,
+            ctx,
+            pre,
+            limits: shared.limits,
+            shared: shared.clone(),
+            idle: Mutex::new(Vec::new()),
+            warn_limiter: LogLimiter::new(5),
+        };
+        version.prewarm(Some(policies.clone()))
+    }
+
+    /// The same code and config with new control-plane state (a new version; the old one keeps serving until
+    /// this one is swapped in).
+    pub fn with_state(&self, policies: &PolicyState) -> Result<Self, LoadError> {
+        let version = PluginVersion {
+            spec: self.spec.clone(),
+            sha256: self.sha256.clone(),
+            loaded_at: SystemTime::now(),
+            wants: self.wants,
+            state: None,
+            ctx: self.ctx.clone(),
+            pre: self.pre.clone(),
+            limits: self.limits,
+            shared: self.shared.clone(),
+            idle: Mutex::new(Vec::new()),
+            warn_limiter: LogLimiter::new(5),
+        };
+        version.prewarm(Some(policies.clone()))
+    }
+
+    /// Creates, configures and parks the pre-warmed instances; the first one tells what state the plugin wants.
+    fn prewarm(mut self, policies: Option<PolicyState>) -> Result<Self, LoadError> {
+        let mut first = self.fresh_configured()?;
+        self.wants = first.1;
+        if self.wants.contains(wit::StateKinds::AUTHORIZATION_POLICIES) {
+            self.state = policies;
+            if let Some(state) = &self.state {
+                self.push_state(&mut first.0, state)?;
+            }
+        }
+        let mut idle = vec![first.0];
+        for _ in 1..self.shared.config.prewarm_instances.max(1) {
+            idle.push(self.new_instance()?);
+        }
+        self.idle = Mutex::new(idle);
+        Ok(self)
+    }
+
+    fn push_state(&self, inst: &mut Instance, state: &PolicyState) -> Result<(), LoadError> {
+        let update = wit::StateUpdate::AuthorizationPolicies(state.as_ref().clone());
+        match inst.update_state(&update) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(reason)) => Err(LoadError::State(reason)),
+            Err(error) => Err(LoadError::Call {
+                stage: "update-state",
+                error,
+            }),
+        }
+    }
+
+    fn fresh_configured(&self) -> Result<(Instance, wit::StateKinds), LoadError> {
+        let mut inst = Instance::new(
+            &self.shared.engine,
+            &self.pre,
+            self.ctx.clone(),
+            self.limits,
+        )
+        .map_err(|e| LoadError::Instantiate(e.message))?;
+        match inst.configure(&self.spec.config) {
+            Ok(Ok(kinds)) => Ok((inst, kinds)),
+            Ok(Err(reason)) => Err(LoadError::Configure(reason)),
+            Err(error) => Err(LoadError::Call {
+                stage: "configure",
+                error,
+            }),
+        }
+    }
+
+    /// A new instance, configured and given this version's state.
+    fn new_instance(&self) -> Result<Instance, LoadError> {
+        let (mut inst, _) = self.fresh_configured()?;
+        if let Some(state) = &self.state {
+            self.push_state(&mut inst, state)?;
+        }
+        Ok(inst)
+    }
+
+    fn checkout(&self) -> Result<Instance, CallError> {
+        if let Some(inst) = self.idle.lock().ok().and_then(|mut v| v.pop()) {
+            return Ok(inst);
+        }
+        self.new_instance().map_err(|e| CallError {
+            kind: ErrorKind::Instantiate,
+            message: e.to_string(),
+        })
+    }
+
+    fn checkin(&self, inst: Instance) {
+        if let Ok(mut idle) = self.idle.lock()
+            && idle.len() < self.shared.config.max_idle_per_plugin
+        {
+            idle.push(inst);
+        }
+    }
+
+    /// Runs `authorize` on a pooled instance; failures apply the failure policy.
+    pub fn authorize(&self, conn: &ConnectionRecord) -> Verdict {
+        let started = Instant::now();
+        let result = self.checkout().and_then(|mut inst| {
+            let r = inst.authorize(conn);
+            if r.is_ok() {
+                self.checkin(inst);
+            }
+            r
+        });
+        self.finish(conn, started, result)
+    }
+
+    /// Runs `authorize` on a brand-new instance (benchmarks and tests: what reuse saves).
+    pub fn authorize_fresh(&self, conn: &ConnectionRecord) -> Verdict {
+        let started = Instant::now();
+        let result = self
+            .new_instance()
+            .map_err(|e| CallError {
+                kind: ErrorKind::Instantiate,
+                message: e.to_string(),
+            })
+            .and_then(|mut inst| inst.authorize(conn));
+        self.finish(conn, started, result)
+    }
+
+    fn finish(
+        &self,
+        conn: &ConnectionRecord,
+        started: Instant,
+        result: Result<wit::Decision, CallError>,
+    ) -> Verdict {
+        let c = &self.ctx.counters;
+        c.calls.inc();
+        c.latency.observe(started.elapsed().as_secs_f64());
+        match result {
+            Ok(wit::Decision::Allow) => Verdict::Allow,
+            Ok(wit::Decision::Deny(reason)) => {
+                c.denials.inc();
+                Verdict::Deny {
+                    by: self.spec.name.clone(),
+                    reason,
+                }
+            }
+            Err(e) => {
+                c.error(e.kind).inc();
+                let fail_open = self.spec.failure_policy == FailurePolicy::FailOpen;
+                if self.warn_limiter_allows() {
+                    tracing::warn!(
+                        plugin = %self.spec.name,
+                        conn = conn.id,
+                        error = %e,
+                        applied = if fail_open { "fail-open: allow" } else { "fail-closed: deny" },
+                        "policy plugin call failed"
+                    );
+                }
+                if fail_open {
+                    Verdict::Allow
+                } else {
+                    Verdict::Deny {
+                        by: self.spec.name.clone(),
+                        reason: format!("plugin failed ({})", e.kind.as_str()),
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn warn_limiter_allows(&self) -> bool {
+        self.warn_limiter.allow_pub()
+    }
+
+    /// Hands a batch to a telemetry plugin; a failure drops the batch (counted).
+    pub fn on_events(&self, events: &[wit::Event]) {
+        let started = Instant::now();
+        let c = &self.ctx.counters;
+        c.calls.inc();
+        let result = self.checkout().and_then(|mut inst| {
+            let r = inst.on_events(events);
+            if r.is_ok() {
+                self.checkin(inst);
+            }
+            r
+        });
+        c.latency.observe(started.elapsed().as_secs_f64());
+        if let Err(e) = result {
+            c.error(e.kind).inc();
+            if self.warn_limiter_allows() {
+                tracing::warn!(plugin = %self.spec.name, events = events.len(), error = %e,
+                    "telemetry plugin call failed; batch dropped");
+            }
+        }
+    }
+
+    /// Idle instances (status).
+    pub fn idle_instances(&self) -> usize {
+        self.idle.lock().map_or(0, |v| v.len())
+    }
+
+    /// Whether this plugin applies to a connection (direction for policy plugins, and the workload selector on
+    /// the connection's local workload: destination inbound, source outbound).
+    pub fn selects(&self, conn: &ConnectionRecord) -> bool {
+        selects(&self.spec, conn)
+    }
+}
+
+/// See [`PluginVersion::selects`]. An empty selector selects everything; a non-empty one needs a known local
+/// workload.
+pub(crate) fn selects(spec: &PluginSpec, conn: &ConnectionRecord) -> bool {
+    let sel = &spec.selector;
+    if sel.namespaces.is_empty() && sel.workloads.is_empty() {
+        return true;
+    }
+    let local = match conn.direction {
+        weft_hooks::Direction::Inbound => conn.dst_workload.as_deref(),
+        weft_hooks::Direction::Outbound => conn.src_workload.as_deref(),
+    };
+    let Some(w) = local else {
+        return false;
+    };
+    (sel.namespaces.is_empty() || sel.namespaces.contains(&w.namespace))
+        && (sel.workloads.is_empty() || sel.workloads.iter().any(|n| *n == w.name || *n == w.uid))
+}

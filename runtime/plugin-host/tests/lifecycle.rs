@@ -1,0 +1,392 @@
+//! Loading, rejecting and hot-swapping plugins: bad versions are rejected with their reason while the previous
+//! version keeps serving; swaps under load fail no call; state updates reach the plugins that want them.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use common::*;
+use weft_hooks::{ConnectionHooks, Direction, Verdict};
+use weft_plugin_host::testing::{conn, workload};
+use weft_plugin_host::{HostConfig, Outcome, PluginHost, sha256_hex};
+use weft_state::{PluginSource, PluginSpec};
+
+fn loaded(report: &weft_plugin_host::ApplyReport, name: &str) -> String {
+    match report.get(name) {
+        Some(Outcome::Loaded { sha256 }) => sha256.clone(),
+        other => panic!("{name}: {other:?} in {report:?}"),
+    }
+}
+
+fn rejected(report: &weft_plugin_host::ApplyReport, name: &str) -> (String, Option<String>) {
+    match report.get(name) {
+        Some(Outcome::Rejected {
+            reason,
+            still_serving,
+        }) => (reason.clone(), still_serving.clone()),
+        other => panic!("{name}: {other:?} in {report:?}"),
+    }
+}
+
+/// Version 1 allows port 80 only; each bad version 2 is rejected and version 1 keeps deciding.
+#[test]
+fn bad_versions_are_rejected_while_the_old_one_serves() {
+    let host = host();
+    let v1 = policy("p", &allowlist(), r#"{"ports": [80]}"#);
+    let sha1 = loaded(&host.apply(std::slice::from_ref(&v1), &[]), "p");
+    let still = |host: &PluginHost| {
+        assert_eq!(host.authorize(&conn(80, Some(PEER))), Verdict::Allow);
+        assert!(!host.authorize(&conn(81, Some(PEER))).is_allow());
+    };
+    still(&host);
+
+    let with = |f: &dyn Fn(&mut PluginSpec)| {
+        let mut s = (*v1).clone();
+        f(&mut s);
+        Arc::new(s)
+    };
+    let cases: Vec<(&str, Arc<PluginSpec>, &str)> = vec![
+        (
+            "garbage bytes",
+            with(&|s| {
+                s.source =
+                    PluginSource::Inline(Arc::new(b"\0asm garbage, not a component".to_vec()))
+            }),
+            "not a valid WebAssembly component",
+        ),
+        (
+            "wrong world",
+            with(&|s| s.source = PluginSource::Path(counter())),
+            "does not fit the weft:plugin/transport-policy world",
+        ),
+        (
+            "configure error",
+            with(&|s| s.config = r#"{"ports": ["not a port"]}"#.into()),
+            "configure rejected the config",
+        ),
+        (
+            "sha256 mismatch",
+            with(&|s| s.sha256 = Some("00".repeat(32))),
+            "sha256 mismatch",
+        ),
+        (
+            "missing file",
+            with(&|s| s.source = PluginSource::Path("/nonexistent/plugin.wasm".into())),
+            "cannot read plugin code",
+        ),
+    ];
+    for (what, bad, expect) in cases {
+        let report = host.apply(&[bad], &[]);
+        let (reason, serving) = rejected(&report, "p");
+        assert!(reason.contains(expect), "{what}: {reason}");
+        assert_eq!(serving.as_deref(), Some(sha1.as_str()), "{what}");
+        still(&host);
+        let status = host.status();
+        assert_eq!(status[0].state, "serving-previous", "{what}");
+        assert!(
+            status[0]
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains(expect))
+        );
+    }
+    // A misbehaving plugin's `configure` error (from the plugin itself).
+    let report = host.apply(
+        &[with(&|s| {
+            s.source = PluginSource::Path(misbehave());
+            s.config = "configure-error".into();
+        })],
+        &[],
+    );
+    assert!(
+        rejected(&report, "p")
+            .0
+            .contains("misbehave: configure refuses")
+    );
+    still(&host);
+    // Going back to the good spec: unchanged, serving again without a rejection.
+    let report = host.apply(std::slice::from_ref(&v1), &[]);
+    assert_eq!(report.get("p"), Some(&Outcome::Unchanged));
+    assert_eq!(host.status()[0].state, "serving");
+    // A correct sha256 loads.
+    let good_sha = sha256_hex(&std::fs::read(allowlist()).expect("read"));
+    let report = host.apply(
+        &[with(&|s| {
+            s.sha256 = Some(good_sha.to_uppercase());
+            s.config = r#"{"ports": [81]}"#.into();
+        })],
+        &[],
+    );
+    assert_eq!(loaded(&report, "p"), good_sha);
+    assert!(host.authorize(&conn(81, Some(PEER))).is_allow());
+}
+
+/// Threads authorize in a loop while the plugin flips between two configs: no call fails, and the new behaviour
+/// is visible as soon as `apply` returns.
+#[test]
+fn hot_swap_under_load_fails_nothing() {
+    let host = Arc::new(host());
+    let a = policy("p", &allowlist(), r#"{"ports": [80, 81]}"#);
+    let b = policy("p", &allowlist(), r#"{"ports": [80, 82]}"#);
+    host.apply(std::slice::from_ref(&a), &[]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let calls = Arc::new(AtomicU64::new(0));
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let (host, stop, calls) = (host.clone(), stop.clone(), calls.clone());
+            std::thread::spawn(move || {
+                let c = conn(80, Some(PEER));
+                let mut failures = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let v = host.authorize(&c);
+                    if v != Verdict::Allow {
+                        eprintln!("failed: {v:?}");
+                        failures += 1;
+                    }
+                    calls.fetch_add(1, Ordering::Relaxed);
+                }
+                failures
+            })
+        })
+        .collect();
+    for i in 0..20 {
+        let (spec, on, off) = if i % 2 == 0 {
+            (&b, 82, 81)
+        } else {
+            (&a, 81, 82)
+        };
+        let report = host.apply(std::slice::from_ref(spec), &[]);
+        assert!(
+            matches!(report.get("p"), Some(Outcome::Loaded { .. })),
+            "{report:?}"
+        );
+        assert!(host.authorize(&conn(on, Some(PEER))).is_allow(), "swap {i}");
+        assert!(
+            !host.authorize(&conn(off, Some(PEER))).is_allow(),
+            "swap {i}"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    let failures: u64 = workers.into_iter().map(|w| w.join().expect("worker")).sum();
+    assert_eq!(failures, 0);
+    assert!(calls.load(Ordering::Relaxed) > 1000);
+}
+
+#[test]
+fn chain_order_selector_directions_and_first_deny() {
+    let host = host();
+    let mut first = (*policy(
+        "a-first",
+        &allowlist(),
+        r#"{"ports": [80], "deny_message": "first"}"#,
+    ))
+    .clone();
+    first.priority = -1;
+    let mut second = (*policy(
+        "b-second",
+        &allowlist(),
+        r#"{"ports": [81], "deny_message": "second"}"#,
+    ))
+    .clone();
+    second.selector.namespaces = vec!["other-ns".into()];
+    let mut egress = (*policy("c-egress", &allowlist(), r#"{"ports": [443]}"#)).clone();
+    egress.directions.inbound = false;
+    egress.directions.outbound = true;
+    let report = host.apply(&[Arc::new(second), Arc::new(first), Arc::new(egress)], &[]);
+    assert!(report.rejected().is_empty(), "{report:?}");
+    // Inbound to shop/server: only a-first applies (b-second selects other-ns, c-egress is outbound).
+    assert!(host.authorize(&conn(80, Some(PEER))).is_allow());
+    match host.authorize(&conn(81, Some(PEER))) {
+        Verdict::Deny { by, reason } => assert_eq!(
+            (by.as_str(), reason.starts_with("first")),
+            ("a-first", true)
+        ),
+        v => panic!("{v:?}"),
+    }
+    // In other-ns both apply: the lower priority denies first.
+    let mut c = conn(82, Some(PEER));
+    c.dst_workload = Some(workload("x", "other-ns", "sa"));
+    assert!(matches!(host.authorize(&c), Verdict::Deny { by, .. } if by == "a-first"));
+    c.dst.set_port(80);
+    assert!(matches!(host.authorize(&c), Verdict::Deny { by, .. } if by == "b-second"));
+    // Outbound: only the egress plugin.
+    let mut out = conn(443, Some(PEER));
+    out.direction = Direction::Outbound;
+    assert!(host.authorize(&out).is_allow());
+    out.dst.set_port(80);
+    assert!(matches!(host.authorize(&out), Verdict::Deny { by, .. } if by == "c-egress"));
+}
+
+#[test]
+fn recheck_watch_and_removal() {
+    let host = host();
+    let mut rx = host.policy_changes();
+    let p = policy("p", &allowlist(), r#"{"ports": [80]}"#);
+    assert!(host.apply(std::slice::from_ref(&p), &[]).recheck);
+    assert!(rx.has_changed().expect("watch"));
+    rx.mark_unchanged();
+    // Unchanged: no re-check.
+    assert!(!host.apply(std::slice::from_ref(&p), &[]).recheck);
+    assert!(!rx.has_changed().expect("watch"));
+    // Opt-out: a new version without recheck does not bump.
+    let mut quiet = (*policy("p", &allowlist(), r#"{"ports": [81]}"#)).clone();
+    quiet.recheck = false;
+    assert!(!host.apply(&[Arc::new(quiet)], &[]).recheck);
+    // Removal.
+    let report = host.apply(&[], &[]);
+    assert_eq!(report.get("p"), Some(&Outcome::Removed));
+    assert!(host.authorize(&conn(9999, Some(PEER))).is_allow());
+    assert!(host.status().is_empty());
+}
+
+#[test]
+fn never_loaded_fail_closed_plugin_denies_and_fail_open_does_not() {
+    let host = host();
+    let bad = |name: &str, open: bool| {
+        let mut s = (*policy(name, &allowlist(), "{}")).clone();
+        s.sha256 = Some("11".repeat(32));
+        if open {
+            s.failure_policy = weft_state::FailurePolicy::FailOpen;
+        }
+        Arc::new(s)
+    };
+    host.apply(&[bad("open", true)], &[]);
+    assert!(host.authorize(&conn(80, Some(PEER))).is_allow());
+    host.apply(&[bad("closed", false)], &[]);
+    match host.authorize(&conn(80, Some(PEER))) {
+        Verdict::Deny { by, reason } => {
+            assert_eq!(by, "closed");
+            assert!(reason.contains("sha256 mismatch"), "{reason}");
+        }
+        v => panic!("{v:?}"),
+    }
+    assert_eq!(host.status()[0].state, "rejected");
+}
+
+#[test]
+fn compiled_form_is_cached_on_disk() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = HostConfig {
+        cache_dir: Some(dir.path().join("cache")),
+        ..HostConfig::default()
+    };
+    let p = policy("p", &allowlist(), r#"{"ports": [80]}"#);
+    let h1 = PluginHost::new(cfg.clone()).expect("host");
+    loaded(&h1.apply(std::slice::from_ref(&p), &[]), "p");
+    let files: Vec<_> = std::fs::read_dir(dir.path().join("cache"))
+        .expect("cache dir")
+        .collect();
+    assert_eq!(files.len(), 1);
+    // A second host (a restart) loads the serialized form.
+    let h2 = PluginHost::new(cfg).expect("host");
+    loaded(&h2.apply(&[p], &[]), "p");
+    assert!(h2.authorize(&conn(80, Some(PEER))).is_allow());
+}
+
+#[test]
+fn telemetry_plugin_metrics_and_status() {
+    let host = host();
+    let report = host.apply(
+        &[
+            telemetry("counter", &counter(), ""),
+            policy("p", &allowlist(), "{}"),
+        ],
+        &[],
+    );
+    assert!(report.rejected().is_empty(), "{report:?}");
+    let c = conn(80, Some(PEER));
+    host.on_open(&c);
+    host.on_close(
+        &c,
+        &weft_hooks::CloseRecord {
+            bytes_sent: 100,
+            bytes_received: 2000,
+            duration: std::time::Duration::from_millis(5),
+            verdict: Verdict::Allow,
+            error: None,
+            response_flags: "-",
+        },
+    );
+    host.flush_telemetry();
+    let m = host.metrics_text();
+    for line in [
+        "conn_counter_opened_total{direction=\"inbound\",destination_workload=\"server\"} 1",
+        "conn_counter_closed_total{direction=\"inbound\",destination_workload=\"server\",verdict=\"allow\"} 1",
+        "conn_counter_bytes_total{direction=\"inbound\",way=\"received\"} 2000",
+        "conn_counter_open{direction=\"inbound\"} 0",
+        "conn_counter_duration_seconds_count{direction=\"inbound\"} 1",
+        "weft_plugin_calls_total{plugin=\"counter\",kind=\"telemetry\"}",
+    ] {
+        assert!(m.contains(line), "missing {line} in\n{m}");
+    }
+    let status = serde_json::to_value(host.status()).expect("json");
+    assert_eq!(status[0]["name"], "counter");
+    assert_eq!(status[0]["state"], "serving");
+    assert_eq!(status[1]["kind"], "policy");
+}
+
+#[test]
+fn every_plugin_builds_for_wasm32() {
+    let built = weft_plugin_host::testing::build_plugins_workspace().expect("build plugins/");
+    assert!(built.len() >= 3, "{built:?}");
+}
+
+fn authz(name: &str) -> Arc<weft_state::Policy> {
+    Arc::new(weft_state::Policy {
+        name: name.to_string(),
+        namespace: "shop".to_string(),
+        scope: weft_state::PolicyScope::Namespace,
+        action: weft_state::PolicyAction::Allow,
+        dry_run: false,
+        rules: vec![vec![vec![weft_state::PolicyMatch {
+            principals: vec![weft_state::StringMatch::Prefix(
+                "cluster.local/ns/shop/".into(),
+            )],
+            source_ips: vec!["10.0.0.0/8".parse().expect("cidr")],
+            not_destination_ports: vec![9999],
+            ..Default::default()
+        }]]],
+    })
+}
+
+/// Authorization policies reach the plugins that ask for them, as a new configured version; a state the plugin
+/// refuses is rejected while the previous state keeps serving; plugins that don't ask are left alone.
+#[test]
+fn policy_state_updates() {
+    let host = host();
+    let mut rx = host.policy_changes();
+    let report = host.apply(
+        &[
+            policy("s", &misbehave(), "state"),
+            policy("p", &allowlist(), "{}"),
+        ],
+        &[authz("a")],
+    );
+    assert!(report.rejected().is_empty(), "{report:?}");
+    rx.mark_unchanged();
+    let reason = |host: &PluginHost| match host.authorize(&conn(666, Some(PEER))) {
+        Verdict::Deny { reason, .. } => reason,
+        v => panic!("{v:?}"),
+    };
+    assert_eq!(reason(&host), "policies: [shop/a]");
+    let report = host.apply(
+        &[
+            policy("s", &misbehave(), "state"),
+            policy("p", &allowlist(), "{}"),
+        ],
+        &[authz("a"), authz("b")],
+    );
+    assert_eq!(report.get("s"), Some(&Outcome::StateUpdated));
+    assert_eq!(report.get("p"), Some(&Outcome::Unchanged));
+    assert!(report.recheck && rx.has_changed().expect("watch"));
+    assert_eq!(reason(&host), "policies: [shop/a,shop/b]");
+    let report = host.apply(
+        &[policy("s", &misbehave(), "state")],
+        &[authz("a"), authz("reject-me")],
+    );
+    let (why, serving) = rejected(&report, "s");
+    assert!(why.contains("refusing a policy named reject-me"), "{why}");
+    assert!(serving.is_some());
+    assert_eq!(reason(&host), "policies: [shop/a,shop/b]");
+}

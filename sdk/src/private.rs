@@ -1,0 +1,78 @@
+//! Glue called by the code that `export_policy!` and `export_telemetry!` expand to. Not a public API.
+
+use std::cell::RefCell;
+use std::thread::LocalKey;
+
+use crate::bindings::weft::plugin::types::{
+    Connection, Decision, Event, StateKinds, StateUpdate, Workload,
+};
+use crate::{Telemetry, TransportPolicy, Workloads};
+
+pub use wit_bindgen;
+
+type Slot<T> = LocalKey<RefCell<Option<T>>>;
+
+/// `configure` of the policy world.
+pub fn policy_configure<T: TransportPolicy>(
+    slot: &'static Slot<T>,
+    config: String,
+) -> Result<StateKinds, String> {
+    let plugin = T::configure(&config)?;
+    let kinds = plugin.state_kinds();
+    slot.with(|s| *s.borrow_mut() = Some(plugin));
+    Ok(kinds)
+}
+
+/// `update-state` of the policy world.
+pub fn policy_update_state<T: TransportPolicy>(
+    slot: &'static Slot<T>,
+    update: StateUpdate,
+) -> Result<(), String> {
+    slot.with(|s| match s.borrow_mut().as_mut() {
+        Some(plugin) => match update {
+            StateUpdate::AuthorizationPolicies(policies) => plugin.update_policies(policies),
+        },
+        None => Err("update-state before configure".to_string()),
+    })
+}
+
+/// `authorize` of the policy world. Not configured → deny (the host never does that).
+pub fn policy_authorize<T: TransportPolicy>(
+    slot: &'static Slot<T>,
+    conn: Connection,
+    source: Option<&Workload>,
+    destination: Option<&Workload>,
+) -> Decision {
+    let workloads = Workloads {
+        source,
+        destination,
+    };
+    slot.with(|s| match s.borrow_mut().as_mut() {
+        Some(plugin) => plugin.authorize(&conn, &workloads),
+        None => Decision::Deny("plugin not configured".to_string()),
+    })
+}
+
+/// `configure` of the telemetry world.
+pub fn telemetry_configure<T: Telemetry>(
+    slot: &'static Slot<T>,
+    config: String,
+) -> Result<(), String> {
+    let plugin = T::configure(&config)?;
+    slot.with(|s| *s.borrow_mut() = Some(plugin));
+    Ok(())
+}
+
+/// `on-events` of the telemetry world.
+pub fn telemetry_on_events<T: Telemetry>(slot: &'static Slot<T>, events: Vec<Event>) {
+    slot.with(|s| {
+        if let Some(plugin) = s.borrow_mut().as_mut() {
+            for event in &events {
+                match event {
+                    Event::Opened(info) => plugin.on_open(info),
+                    Event::Closed((info, close)) => plugin.on_close(info, close),
+                }
+            }
+        }
+    });
+}
