@@ -148,6 +148,21 @@ impl Collector for NodeCollector {
                 "Certificate requests that failed",
                 self.identity.counters().failures.load(Relaxed),
             ),
+            (
+                "weft_certificate_fetches_refused",
+                "Certificate requests the CA refused (e.g. PermissionDenied)",
+                self.identity.counters().refused.load(Relaxed),
+            ),
+            (
+                "weft_certificate_renewals",
+                "Certificates renewed before expiry",
+                self.identity.counters().renewals.load(Relaxed),
+            ),
+            (
+                "weft_certificate_fetches_coalesced",
+                "Certificate requests that joined a CA call already in flight",
+                self.identity.counters().coalesced.load(Relaxed),
+            ),
         ];
         for (name, help, v) in counters {
             let m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
@@ -165,6 +180,14 @@ impl Collector for NodeCollector {
             MetricType::Gauge,
         )?;
         ConstGauge::new(expiry).encode(m)?;
+        let (in_flight, queued) = self.identity.ca_calls();
+        for (name, help, v) in [
+            ("weft_ca_calls_in_flight", "CA calls in flight", in_flight),
+            ("weft_ca_calls_queued", "CA calls waiting for a slot", queued),
+        ] {
+            let m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX)).encode(m)?;
+        }
         let m = enc.encode_descriptor(
             "weft_config_version",
             "Version of the mesh state in force",

@@ -121,8 +121,12 @@ pub struct RunArgs {
     #[arg(long, env = "NODE_NAME")]
     pub node: String,
     /// Directory with the local CA: root-cert.pem + root-key.pem (or ca-cert.pem + ca-key.pem + root-cert.pem).
+    /// Required with `--ca-kind local` (the default).
     #[arg(long, env = "WEFT_CA_DIR")]
-    pub ca_dir: PathBuf,
+    pub ca_dir: Option<PathBuf>,
+    /// Which CA signs workload certificates, and how to reach it.
+    #[command(flatten)]
+    pub ca: CaArgs,
     /// Lifetime of workload certificates.
     #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
     pub cert_validity: Duration,
@@ -168,6 +172,9 @@ pub struct RunArgs {
     /// How often the config file is checked for edits.
     #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
     pub config_poll: Duration,
+    /// Directory where compiled plugins are cached by content hash (none: compile on every start).
+    #[arg(long, env = "WEFT_PLUGIN_CACHE")]
+    pub plugin_cache: Option<PathBuf>,
     /// Data-path worker threads.
     #[arg(long, default_value_t = 2)]
     pub worker_threads: usize,
@@ -177,4 +184,77 @@ pub struct RunArgs {
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
+}
+
+/// Which CA signs workload certificates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CaKind {
+    /// The CA in `--ca-dir`, in process (standalone nodes, dev meshes).
+    Local,
+    /// An Istio-protocol CA (istiod, or `weft-ca`) over gRPC+TLS.
+    Istio,
+    /// Kubernetes' CertificateSigningRequest API.
+    K8sCsr,
+}
+
+/// CA selection flags of `weft run`.
+#[derive(Debug, Args)]
+pub struct CaArgs {
+    /// CA kind.
+    #[arg(long, value_enum, env = "WEFT_CA_KIND", default_value = "local")]
+    pub ca_kind: CaKind,
+    /// Istio CA address, e.g. https://istiod.istio-system.svc:15012.
+    #[arg(long, env = "CA_ADDRESS")]
+    pub ca_address: Option<String>,
+    /// Roots trusted for the CA's TLS certificate and as the initial trust bundle (k8s-csr: the signer's roots).
+    /// Re-read on every call; the CA channel is rebuilt when it changes.
+    #[arg(long, env = "WEFT_CA_ROOT_CERT")]
+    pub ca_root_cert: Option<PathBuf>,
+    /// Service-account token (audience istio-ca) sent to the CA, or to the API server with k8s-csr; re-read on
+    /// every call.
+    #[arg(long, env = "WEFT_CA_TOKEN_FILE")]
+    pub ca_token_file: Option<PathBuf>,
+    /// TLS name to verify on the CA's certificate when it differs from the address's host.
+    #[arg(long)]
+    pub ca_server_name: Option<String>,
+    /// Deadline of one CA call (k8s-csr: of the wait for the signature).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub ca_timeout: Duration,
+    /// Kubernetes API server (k8s-csr).
+    #[arg(long, env = "WEFT_KUBE_API")]
+    pub kube_api: Option<String>,
+    /// The API server's CA bundle (k8s-csr over https).
+    #[arg(long)]
+    pub kube_ca_file: Option<PathBuf>,
+    /// `spec.signerName` of the CertificateSigningRequests (k8s-csr).
+    #[arg(long, default_value = "weft.dev/workload-identity")]
+    pub csr_signer_name: String,
+}
+
+impl CaArgs {
+    /// The identity crate's settings from these flags.
+    pub fn settings(
+        &self,
+        ca_dir: Option<PathBuf>,
+        cluster_id: &str,
+    ) -> weft_identity::select::CaSettings {
+        use weft_identity::select::CaKind as K;
+        weft_identity::select::CaSettings {
+            kind: match self.ca_kind {
+                CaKind::Local => K::Local,
+                CaKind::Istio => K::Istio,
+                CaKind::K8sCsr => K::K8sCsr,
+            },
+            ca_dir,
+            address: self.ca_address.clone(),
+            root_cert: self.ca_root_cert.clone(),
+            token_file: self.ca_token_file.clone(),
+            cluster_id: cluster_id.to_owned(),
+            server_name: self.ca_server_name.clone(),
+            kube_api: self.kube_api.clone(),
+            kube_ca_file: self.kube_ca_file.clone(),
+            signer_name: self.csr_signer_name.clone(),
+            timeout: self.ca_timeout,
+        }
+    }
 }

@@ -10,10 +10,11 @@ use anyhow::Context;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 use weft_admin::{AdminHandler, Server};
-use weft_hooks::{ConnectionHooks, NoHooks};
-use weft_identity::{LocalCa, ManagerConfig, SecretManager, SpiffeId};
+use weft_hooks::ConnectionHooks;
+use weft_plugin_host::{HostConfig, Outcome, PluginHost};
+use weft_identity::{ManagerConfig, SecretManager, SpiffeId};
 use weft_proxy::{InboundBind, Proxy, ProxyConfig, ProxyMetrics};
-use weft_state::{StateStore, TunnelProtocol};
+use weft_state::{MeshState, StateStore, TunnelProtocol};
 
 use crate::admin::{Node, NodeCollector};
 use crate::cli::{HboneListen, Listen, RunArgs};
@@ -63,6 +64,28 @@ fn local_identities(state: &StateStore, node: &str) -> HashSet<SpiffeId> {
         .collect()
 }
 
+/// Hand the plugin host the plugin specs and the authorization policies of `state`; log what happened to each
+/// plugin (a rejected version is logged with its reason; the previous version keeps serving).
+async fn apply_plugins(host: &Arc<PluginHost>, state: &MeshState) {
+    let specs = state.plugins.values().cloned().collect();
+    let policies = state.policies.values().cloned().collect();
+    let report = host.apply_async(specs, policies).await;
+    for p in &report.plugins {
+        match &p.outcome {
+            Outcome::Loaded { sha256 } => tracing::info!(plugin = %p.name, %sha256, version = state.version, "plugin loaded"),
+            Outcome::StateUpdated => tracing::info!(plugin = %p.name, version = state.version, "plugin state updated"),
+            Outcome::Removed => tracing::info!(plugin = %p.name, "plugin removed"),
+            Outcome::Unchanged => {}
+            Outcome::Rejected { reason, still_serving } => tracing::error!(
+                plugin = %p.name,
+                %reason,
+                still_serving = still_serving.as_deref().unwrap_or("nothing"),
+                "plugin rejected"
+            ),
+        }
+    }
+}
+
 /// Run the node until SIGTERM/SIGINT or `/quitquitquit`, then drain.
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let logs = logging::init(&args.log, args.log_format)?;
@@ -79,19 +102,33 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let state = Arc::new(StateStore::new());
     weft_state::load_into(&args.config, &state)
         .with_context(|| "loading the mesh config".to_owned())?;
-    let ca = LocalCa::from_dir(&args.ca_dir).context("loading the local CA")?;
-    let identity = SecretManager::new(
-        Arc::new(ca),
-        ManagerConfig {
-            validity: args.cert_validity,
-            ..ManagerConfig::default()
-        },
+    let ca = weft_identity::select::build_ca(&args.ca.settings(args.ca_dir.clone(), &args.cluster_id))
+        .context("setting up the CA client")?;
+    // Built inside the control runtime, so CA calls run there.
+    let identity = {
+        let _in_control = control.enter();
+        SecretManager::new(
+            ca,
+            ManagerConfig {
+                validity: args.cert_validity,
+                ca_timeout: args.ca.ca_timeout + Duration::from_secs(5),
+                ..ManagerConfig::default()
+            },
+        )
+    };
+    let host = Arc::new(
+        PluginHost::new(HostConfig {
+            cache_dir: args.plugin_cache.clone(),
+            ..HostConfig::default()
+        })
+        .context("starting the plugin host")?,
     );
-    let hooks: Arc<dyn ConnectionHooks> = Arc::new(NoHooks::default());
+    let hooks: Arc<dyn ConnectionHooks> = host.clone();
 
     let metrics = Arc::new(ProxyMetrics::default());
     let mut registry = Registry::default();
     metrics.register(&mut registry);
+    host.register_metrics(&mut registry);
     registry.register_collector(Box::new(NodeCollector {
         state: state.clone(),
         identity: identity.clone(),
@@ -105,7 +142,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         registry,
         logs,
         quit: quit.clone(),
-        plugins: Box::new(|| serde_json::json!([])),
+        plugins: {
+            let host = host.clone();
+            Box::new(move || serde_json::to_value(host.status()).unwrap_or_default())
+        },
     });
     let pcfg = proxy_config(&args);
     tracing::info!(node = %args.node, config = %args.config.display(), version = state.version(), "weft starting");
@@ -114,6 +154,17 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         let _watch = weft_state::watch_file(args.config.clone(), state.clone(), args.config_poll);
         let _refresh = identity.spawn_refresher(Duration::from_secs(1));
         identity.retain(&local_identities(&state, &args.node));
+        // Plugins load before the first connection is accepted; later config versions are applied in order.
+        apply_plugins(&host, &state.current()).await;
+        {
+            let (state, host) = (state.clone(), host.clone());
+            let mut rx = state.subscribe();
+            tokio::spawn(async move {
+                while rx.changed().await.is_ok() {
+                    apply_plugins(&host, &state.current()).await;
+                }
+            });
+        }
         {
             let (state, identity, node_name) = (state.clone(), identity.clone(), args.node.clone());
             let mut rx = state.subscribe();

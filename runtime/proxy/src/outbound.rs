@@ -269,6 +269,26 @@ impl Inner {
                 record,
                 upstream: Upstream::Hbone(stream, hbone_addr),
             }),
+            Err(weft_hbone::Error::Status(status)) if status == http::StatusCode::UNAUTHORIZED => {
+                let (by, reason) = (
+                    "destination".to_owned(),
+                    format!("{hbone_addr} answered 401: denied by its policy"),
+                );
+                let v = Verdict::Deny {
+                    by: by.clone(),
+                    reason: reason.clone(),
+                };
+                self.failed(
+                    &record,
+                    Some(hbone_addr),
+                    "denied",
+                    v,
+                    reason.clone(),
+                    "DENY",
+                );
+                tracing::info!(conn = record.id, %src, %dst, %hbone_addr, "outbound connection denied by the destination's policy");
+                Err(OutboundError::Denied { by, reason })
+            }
             Err(e) => {
                 let msg = error_chain(&e);
                 let flags = if msg.contains("TLS") {

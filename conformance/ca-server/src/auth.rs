@@ -1,0 +1,206 @@
+//! Who is calling: a bearer token turned into a node (its name and its own SPIFFE identity), either by a
+//! Kubernetes TokenReview (`authentication.k8s.io/v1`, audience `istio-ca`; the node from the token's pod/node
+//! binding in `status.user.extra`) or by a static token file for tests and demos without Kubernetes.
+
+use std::path::PathBuf;
+
+use http::Method;
+use serde::Deserialize;
+use serde_json::json;
+use weft_identity::{KubeClient, SpiffeId};
+
+/// The authenticated caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// The node the caller runs on, when the token says (a token bound to no node may only ask for its own
+    /// identity).
+    pub node: Option<String>,
+    /// The caller's own identity (its service account).
+    pub identity: SpiffeId,
+}
+
+/// Why a token was not accepted.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum AuthError {
+    /// No `authorization: Bearer` header.
+    #[error("no bearer token")]
+    NoToken,
+    /// The token is not valid (unknown, expired, wrong audience, ...).
+    #[error("token rejected: {0}")]
+    Rejected(String),
+    /// The authenticator could not decide (API server unreachable, unreadable token file).
+    #[error("cannot authenticate now: {0}")]
+    Unavailable(String),
+}
+
+/// One line of the static token file.
+#[derive(Debug, Clone, Deserialize)]
+pub struct StaticToken {
+    /// The bearer token.
+    pub token: String,
+    /// The node it belongs to.
+    pub node: String,
+    /// The node's own SPIFFE identity.
+    pub identity: String,
+}
+
+/// The static token file: `tokens: [{token, node, identity}, ...]` (YAML or JSON).
+#[derive(Debug, Clone, Deserialize)]
+pub struct StaticTokens {
+    /// Accepted tokens.
+    pub tokens: Vec<StaticToken>,
+}
+
+/// How tokens are checked.
+#[derive(Debug, Clone)]
+pub enum Authenticator {
+    /// A token file, re-read on every request (so edits apply at once).
+    Static(PathBuf),
+    /// Kubernetes TokenReview.
+    TokenReview {
+        /// The API server.
+        api: KubeClient,
+        /// Audience the token must carry (`istio-ca`).
+        audience: String,
+        /// Trust domain of the identities derived from service accounts.
+        trust_domain: String,
+    },
+}
+
+/// `authentication.kubernetes.io/...` keys of `status.user.extra` (REFERENCE.md B).
+const EXTRA_NODE_NAME: &str = "authentication.kubernetes.io/node-name";
+const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
+const EXTRA_POD_UID: &str = "authentication.kubernetes.io/pod-uid";
+
+impl Authenticator {
+    /// Authenticate `token`.
+    pub async fn authenticate(&self, token: &str) -> Result<Caller, AuthError> {
+        match self {
+            Authenticator::Static(path) => {
+                let text = tokio::fs::read_to_string(path).await.map_err(|e| {
+                    AuthError::Unavailable(format!("reading {}: {e}", path.display()))
+                })?;
+                let file: StaticTokens = serde_yaml::from_str(&text).map_err(|e| {
+                    AuthError::Unavailable(format!("parsing {}: {e}", path.display()))
+                })?;
+                let t = file
+                    .tokens
+                    .into_iter()
+                    .find(|t| t.token == token)
+                    .ok_or_else(|| AuthError::Rejected("unknown token".into()))?;
+                let identity = t.identity.parse().map_err(|e| {
+                    AuthError::Unavailable(format!("token file identity for {}: {e}", t.node))
+                })?;
+                Ok(Caller {
+                    node: Some(t.node),
+                    identity,
+                })
+            }
+            Authenticator::TokenReview {
+                api,
+                audience,
+                trust_domain,
+            } => token_review(api, audience, trust_domain, token).await,
+        }
+    }
+}
+
+async fn token_review(
+    api: &KubeClient,
+    audience: &str,
+    trust_domain: &str,
+    token: &str,
+) -> Result<Caller, AuthError> {
+    let body = json!({
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenReview",
+        "spec": { "token": token, "audiences": [audience] },
+    });
+    let (status, review) = api
+        .request(
+            Method::POST,
+            "/apis/authentication.k8s.io/v1/tokenreviews",
+            Some(&body),
+        )
+        .await
+        .map_err(|e| AuthError::Unavailable(e.to_string()))?;
+    if !(200..300).contains(&status) {
+        return Err(AuthError::Unavailable(format!(
+            "TokenReview answered {status}: {}",
+            weft_identity::kube::status_message(&review)
+        )));
+    }
+    let st = review.get("status").cloned().unwrap_or_default();
+    if st.get("authenticated").and_then(|a| a.as_bool()) != Some(true) {
+        let why = st
+            .get("error")
+            .and_then(|e| e.as_str())
+            .unwrap_or("not authenticated");
+        return Err(AuthError::Rejected(why.to_owned()));
+    }
+    if let Some(auds) = st.get("audiences").and_then(|a| a.as_array())
+        && !auds.iter().any(|a| a.as_str() == Some(audience))
+    {
+        return Err(AuthError::Rejected(format!(
+            "token audiences {auds:?} lack {audience}"
+        )));
+    }
+    let user = st.get("user").cloned().unwrap_or_default();
+    let username = user
+        .get("username")
+        .and_then(|u| u.as_str())
+        .unwrap_or_default();
+    let (ns, sa) = username
+        .strip_prefix("system:serviceaccount:")
+        .and_then(|rest| rest.split_once(':'))
+        .ok_or_else(|| {
+            AuthError::Rejected(format!("{username:?} is not a service account"))
+        })?;
+    let identity = SpiffeId::new(trust_domain, ns, sa)
+        .map_err(|e| AuthError::Rejected(e.to_string()))?;
+    let extra = |key: &str| {
+        user.pointer(&format!("/extra/{}", key.replace('/', "~1")))
+            .and_then(|v| v.as_array())
+            .and_then(|a| a.first())
+            .and_then(|v| v.as_str())
+            .map(str::to_owned)
+    };
+    let node = match extra(EXTRA_NODE_NAME) {
+        Some(n) => Some(n),
+        // Before Kubernetes 1.30 a bound token names its pod, not its node: ask where that pod runs.
+        None => match extra(EXTRA_POD_NAME) {
+            Some(pod) => pod_node(api, ns, &pod, extra(EXTRA_POD_UID).as_deref()).await?,
+            None => None,
+        },
+    };
+    Ok(Caller { node, identity })
+}
+
+async fn pod_node(
+    api: &KubeClient,
+    ns: &str,
+    pod: &str,
+    uid: Option<&str>,
+) -> Result<Option<String>, AuthError> {
+    let (status, body) = api
+        .request(Method::GET, &format!("/api/v1/namespaces/{ns}/pods/{pod}"), None)
+        .await
+        .map_err(|e| AuthError::Unavailable(e.to_string()))?;
+    if status == 404 {
+        return Err(AuthError::Rejected(format!("pod {ns}/{pod} no longer exists")));
+    }
+    if !(200..300).contains(&status) {
+        return Err(AuthError::Unavailable(format!("reading pod {ns}/{pod}: {status}")));
+    }
+    if let Some(want) = uid
+        && body.pointer("/metadata/uid").and_then(|u| u.as_str()) != Some(want)
+    {
+        return Err(AuthError::Rejected(format!(
+            "pod {ns}/{pod} was replaced since the token was issued"
+        )));
+    }
+    Ok(body
+        .pointer("/spec/nodeName")
+        .and_then(|n| n.as_str())
+        .map(str::to_owned))
+}

@@ -1,0 +1,268 @@
+//! Test fixtures: the reference CA in process on loopback, and a fake Kubernetes API server that speaks the
+//! TokenReview and Pod JSON.
+#![allow(dead_code)]
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use weft_ca_server::{Authenticator, CaService, Fault};
+use weft_identity::{CertRequest, IstioCaClient, IstioCaConfig, LocalCa, SpiffeId};
+use weft_state::StateStore;
+
+/// A CA request for `id` with a fresh key.
+pub fn request(id: &SpiffeId) -> CertRequest {
+    CertRequest {
+        identity: id.clone(),
+        csr_pem: weft_identity::cert::new_csr(id).unwrap().csr_pem,
+        validity: Duration::from_secs(3600),
+    }
+}
+
+/// Poll until `f` is true (10 s at most).
+pub async fn eventually<F, Fut>(mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = std::time::Instant::now();
+    while !f().await {
+        assert!(start.elapsed() < Duration::from_secs(10), "timed out");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The reference CA in process.
+pub struct TestCa {
+    pub dir: tempfile::TempDir,
+    pub addr: SocketAddr,
+    pub service: Arc<CaService>,
+    /// The client's copy of the root (tests may overwrite it).
+    pub root_file: PathBuf,
+    pub mesh_file: PathBuf,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Drop for TestCa {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+const TOKENS: &str = "tokens:
+- token: token-a
+  node: node-a
+  identity: spiffe://cluster.local/ns/weft-system/sa/node-a
+- token: token-b
+  node: node-b
+  identity: spiffe://cluster.local/ns/weft-system/sa/node-b
+";
+
+impl TestCa {
+    /// Start with `client` on node-a and `echo` on node-b; static tokens unless `auth` is given.
+    pub async fn start(fault: Option<Fault>, auth: Option<Authenticator>) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let ca_dir = dir.path().join("ca");
+        weft_identity::ca::write_root(&ca_dir, "cluster.local", Duration::from_secs(3600)).unwrap();
+        let root_file = dir.path().join("client-root.pem");
+        std::fs::copy(ca_dir.join("root-cert.pem"), &root_file).unwrap();
+        let tokens = dir.path().join("tokens.yaml");
+        std::fs::write(&tokens, TOKENS).unwrap();
+        let mesh_file = dir.path().join("mesh.yaml");
+        std::fs::write(&mesh_file, mesh_yaml(&[("client", "node-a"), ("echo", "node-b")])).unwrap();
+        let workloads = Arc::new(StateStore::new());
+        weft_state::load_into(&mesh_file, &workloads).unwrap();
+        let _ = weft_state::watch_file(mesh_file.clone(), workloads.clone(), Duration::from_millis(20));
+        let ca = Arc::new(LocalCa::from_dir(&ca_dir).unwrap());
+        let rogue = fault.map(|_| {
+            let (c, k) = weft_identity::ca::generate_root("cluster.local", Duration::from_secs(3600)).unwrap();
+            Arc::new(LocalCa::from_pem(&c, &k, vec![]).unwrap())
+        });
+        let tls = weft_ca_server::server_tls(&ca, &["127.0.0.1".to_owned()]).unwrap();
+        let service = Arc::new(CaService {
+            ca,
+            trust_domain: "cluster.local".into(),
+            auth: auth.unwrap_or(Authenticator::Static(tokens)),
+            workloads,
+            default_validity: Duration::from_secs(3600),
+            max_validity: Duration::from_secs(24 * 3600),
+            fault,
+            rogue,
+            counters: Arc::default(),
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(weft_ca_server::serve(listener, tls, service.clone(), async move {
+            let _ = stopped.await;
+        }));
+        Self { dir, addr, service, root_file, mesh_file, stop: Some(stop) }
+    }
+
+    /// Rewrite the CA's workload source: (service account, node) per workload, namespace `default`.
+    pub fn write_mesh(&self, wls: &[(&str, &str)]) {
+        std::fs::write(&self.mesh_file, mesh_yaml(wls)).unwrap();
+    }
+
+    /// A client config presenting `token`.
+    pub fn client_config(&self, token: &str) -> IstioCaConfig {
+        let token_file = self.dir.path().join(format!("token-{}", token.len()));
+        let token_file = token_file.with_extension(format!("{:x}", fxhash(token)));
+        std::fs::write(&token_file, format!("{token}\n")).unwrap();
+        IstioCaConfig {
+            address: format!("https://{}", self.addr),
+            root_cert: Some(self.root_file.clone()),
+            token_file: Some(token_file),
+            cluster_id: "Kubernetes".into(),
+            server_name: None,
+            timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// A client presenting `token`.
+    pub fn client(&self, token: &str) -> IstioCaClient {
+        IstioCaClient::new(self.client_config(token)).unwrap()
+    }
+}
+
+fn fxhash(s: &str) -> u64 {
+    s.bytes().fold(0xcbf29ce484222325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100000001b3))
+}
+
+/// A mesh config with one HBONE workload per (service account, node).
+pub fn mesh_yaml(wls: &[(&str, &str)]) -> String {
+    let mut out = String::from("workloads:\n");
+    for (i, (sa, node)) in wls.iter().enumerate() {
+        out.push_str(&format!(
+            "- uid: Kubernetes//Pod/default/{sa}\n  name: {sa}\n  namespace: default\n  serviceAccount: {sa}\n  workloadIps: [10.9.0.{ip}]\n  protocol: HBONE\n  node: {node}\n  services: {{}}\n",
+            ip = i + 1
+        ));
+    }
+    out
+}
+
+pub const TOKEN_NODE_A: &str = "bound-to-node-a";
+pub const TOKEN_POD_ON_B: &str = "bound-to-pod-on-b";
+pub const TOKEN_REJECTED: &str = "expired";
+pub const TOKEN_OTHER_AUDIENCE: &str = "for-another-audience";
+const CA_OWN_TOKEN: &str = "the-ca-itself";
+
+/// A fake Kubernetes API server: TokenReview (`authentication.k8s.io/v1`) and GET Pod, as the real API shapes
+/// them.
+pub struct FakeKubeApi {
+    pub url: String,
+    pub ca_token_file: PathBuf,
+    state: Arc<Mutex<ApiState>>,
+    _dir: tempfile::TempDir,
+}
+
+#[derive(Default)]
+struct ApiState {
+    reviews: Vec<Value>,
+    saw_ca_token: bool,
+}
+
+impl FakeKubeApi {
+    pub async fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let ca_token_file = dir.path().join("ca-token");
+        std::fs::write(&ca_token_file, CA_OWN_TOKEN).unwrap();
+        let state = Arc::new(Mutex::new(ApiState::default()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let st = state.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else { return };
+                let st = st.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| handle(st.clone(), req));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tcp), svc)
+                        .await;
+                });
+            }
+        });
+        Self { url, ca_token_file, state, _dir: dir }
+    }
+
+    pub fn reviews(&self) -> Vec<Value> {
+        self.state.lock().unwrap().reviews.clone()
+    }
+
+    pub fn saw_ca_token(&self) -> bool {
+        self.state.lock().unwrap().saw_ca_token
+    }
+}
+
+fn reply(status: u16, body: Value) -> Result<http::Response<Full<Bytes>>, Infallible> {
+    Ok(http::Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap())
+}
+
+fn user(sa: &str, extra: Value) -> Value {
+    json!({
+        "username": format!("system:serviceaccount:weft-system:{sa}"),
+        "uid": format!("uid-of-{sa}"),
+        "groups": ["system:serviceaccounts", "system:serviceaccounts:weft-system", "system:authenticated"],
+        "extra": extra,
+    })
+}
+
+async fn handle(
+    st: Arc<Mutex<ApiState>>,
+    req: http::Request<hyper::body::Incoming>,
+) -> Result<http::Response<Full<Bytes>>, Infallible> {
+    let authorized = req.headers().get("authorization").and_then(|v| v.to_str().ok())
+        == Some(&format!("Bearer {CA_OWN_TOKEN}"));
+    if !authorized {
+        return reply(401, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "Unauthorized", "reason": "Unauthorized", "code": 401}));
+    }
+    st.lock().unwrap().saw_ca_token = true;
+    let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+    let body = req.into_body().collect().await.unwrap().to_bytes();
+    match (method.as_str(), path.as_str()) {
+        ("POST", "/apis/authentication.k8s.io/v1/tokenreviews") => {
+            let review: Value = serde_json::from_slice(&body).unwrap();
+            st.lock().unwrap().reviews.push(review.clone());
+            let token = review["spec"]["token"].as_str().unwrap_or("");
+            let wanted = review["spec"]["audiences"].clone();
+            let status = match token {
+                TOKEN_NODE_A => json!({"authenticated": true, "audiences": wanted, "user": user("node-a", json!({
+                    "authentication.kubernetes.io/credential-id": ["JTI=1"],
+                    "authentication.kubernetes.io/node-name": ["node-a"],
+                    "authentication.kubernetes.io/node-uid": ["node-uid-a"],
+                    "authentication.kubernetes.io/pod-name": ["weft-a"],
+                    "authentication.kubernetes.io/pod-uid": ["pod-uid-a"],
+                }))}),
+                TOKEN_POD_ON_B => json!({"authenticated": true, "audiences": wanted, "user": user("node-b", json!({
+                    "authentication.kubernetes.io/pod-name": ["weft-b"],
+                    "authentication.kubernetes.io/pod-uid": ["pod-uid-b"],
+                }))}),
+                TOKEN_OTHER_AUDIENCE => json!({"user": {}, "error": format!("[invalid bearer token, token audiences [\"vault\"] is invalid for the target audiences {wanted}]")}),
+                _ => json!({"user": {}, "error": "[invalid bearer token, service account token has expired]"}),
+            };
+            let mut out = review;
+            out["metadata"] = json!({"creationTimestamp": null});
+            out["status"] = status;
+            reply(201, out)
+        }
+        ("GET", "/api/v1/namespaces/weft-system/pods/weft-b") => reply(200, json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "weft-b", "namespace": "weft-system", "uid": "pod-uid-b"},
+            "spec": {"nodeName": "node-b", "serviceAccountName": "node-b"},
+        })),
+        _ => reply(404, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": format!("{path} not found"), "reason": "NotFound", "code": 404})),
+    }
+}
