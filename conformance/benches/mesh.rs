@@ -16,12 +16,17 @@ const SINK: u16 = 9000;
 const RR: u16 = 9001;
 
 fn env_u64(k: &str, d: u64) -> u64 {
-    std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d)
+    std::env::var(k)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(d)
 }
 
 /// Servers in node B: a sink (reads to EOF, answers with the byte count) and a one-byte request/response server.
 async fn servers(ip: std::net::Ipv4Addr) {
-    let sink = tokio::net::TcpListener::bind((ip, SINK)).await.expect("sink");
+    let sink = tokio::net::TcpListener::bind((ip, SINK))
+        .await
+        .expect("sink");
     let rr = tokio::net::TcpListener::bind((ip, RR)).await.expect("rr");
     tokio::spawn(async move {
         while let Ok((mut s, _)) = sink.accept().await {
@@ -68,7 +73,12 @@ async fn bulk(dst: SocketAddr, bypass: bool, bytes: u64) -> f64 {
     bytes as f64 * 8.0 / start.elapsed().as_secs_f64() / 1e9
 }
 
-async fn conn_rate(dst: SocketAddr, bypass: bool, window: Duration, concurrency: usize) -> (f64, u64) {
+async fn conn_rate(
+    dst: SocketAddr,
+    bypass: bool,
+    window: Duration,
+    concurrency: usize,
+) -> (f64, u64) {
     let deadline = Instant::now() + window;
     let start = Instant::now();
     let mut tasks = Vec::new();
@@ -120,7 +130,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     // `cargo bench` passes --bench; nothing to parse.
-    let mut mesh = NetMesh::start("m", 9, "warn").await.expect("network namespaces (needs root) and a release weft");
+    let mut mesh = NetMesh::start("m", 9, "warn")
+        .await
+        .expect("network namespaces (needs root) and a release weft");
     let server_ip = mesh.server_ip;
     let _srv = mesh.ns_b.run(move || servers(server_ip));
     let mib = env_u64("BENCH_MIB", 1024);
@@ -144,15 +156,32 @@ async fn main() {
             let (cps_m, fail_m) = conn_rate(rr, false, Duration::from_secs(secs), conc).await;
             let lat_d = latency(rr, true, 5000).await;
             let lat_m = latency(rr, false, 5000).await;
-            (median(tp_d), median(tp_m), cps_d, cps_m, fail_d, fail_m, lat_d, lat_m)
+            (
+                median(tp_d),
+                median(tp_m),
+                cps_d,
+                cps_m,
+                fail_d,
+                fail_m,
+                lat_d,
+                lat_m,
+            )
         })
         .join()
         .expect("bench thread")
         .expect("netns");
     let (tp_d, tp_m, cps_d, cps_m, fail_d, fail_m, lat_d, lat_m) = report;
-    println!("weft mesh bench (two netns nodes, capture -> HBONE/mTLS -> node B; direct = same path, capture skipped)");
-    println!("  bulk, 1 flow, {mib} MiB (median of 3):  direct {tp_d:6.2} Gb/s   mesh {tp_m:6.2} Gb/s   ratio {:.3}", tp_m / tp_d);
-    println!("  new connections/s, 16 concurrent, {secs}s: direct {cps_d:8.0}        mesh {cps_m:8.0}        ratio {:.3}   (failed: direct {fail_d}, mesh {fail_m})", cps_m / cps_d);
+    println!(
+        "weft mesh bench (two netns nodes, capture -> HBONE/mTLS -> node B; direct = same path, capture skipped)"
+    );
+    println!(
+        "  bulk, 1 flow, {mib} MiB (median of 3):  direct {tp_d:6.2} Gb/s   mesh {tp_m:6.2} Gb/s   ratio {:.3}",
+        tp_m / tp_d
+    );
+    println!(
+        "  new connections/s, 16 concurrent, {secs}s: direct {cps_d:8.0}        mesh {cps_m:8.0}        ratio {:.3}   (failed: direct {fail_d}, mesh {fail_m})",
+        cps_m / cps_d
+    );
     println!(
         "  keep-alive 1-byte RTT (median of 5000): direct {:7.1} us   mesh {:7.1} us   added {:.1} us",
         lat_d.as_secs_f64() * 1e6,

@@ -55,7 +55,15 @@ pub struct NetMesh {
     pub dir: tempfile::TempDir,
 }
 
-fn node_opts(name: &str, ns: &Netns, config: &Path, ca: &Path, dir: &Path, extra: &[&str], log: &str) -> NodeOptions {
+fn node_opts(
+    name: &str,
+    ns: &Netns,
+    config: &Path,
+    ca: &Path,
+    dir: &Path,
+    extra: &[&str],
+    log: &str,
+) -> NodeOptions {
     NodeOptions {
         name: name.into(),
         control_ip: "127.0.0.1".parse().expect("literal"),
@@ -74,17 +82,60 @@ impl NetMesh {
         let id = std::process::id() % 100_000;
         let ns_a = Netns::create(&format!("weft-{tag}a-{id}"))?;
         let ns_b = Netns::create(&format!("weft-{tag}b-{id}"))?;
-        let (client_ip, server_ip) = (Ipv4Addr::new(10, 248, subnet, 1), Ipv4Addr::new(10, 248, subnet, 2));
+        let (client_ip, server_ip) = (
+            Ipv4Addr::new(10, 248, subnet, 1),
+            Ipv4Addr::new(10, 248, subnet, 2),
+        );
         let (ia, ib) = (format!("wv{tag}a"), format!("wv{tag}b"));
-        link(&ns_a, &ia, &format!("{client_ip}/24"), &ns_b, &ib, &format!("{server_ip}/24"))?;
+        link(
+            &ns_a,
+            &ia,
+            &format!("{client_ip}/24"),
+            &ns_b,
+            &ib,
+            &format!("{server_ip}/24"),
+        )?;
         let mark = format!("{MARK:#x}");
         ns_a.exec(
             "iptables",
-            &["-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-o", &ia, "-m", "mark", "!", "--mark", &mark, "-j", "REDIRECT", "--to-ports", "15001"],
+            &[
+                "-t",
+                "nat",
+                "-A",
+                "OUTPUT",
+                "-p",
+                "tcp",
+                "-o",
+                &ia,
+                "-m",
+                "mark",
+                "!",
+                "--mark",
+                &mark,
+                "-j",
+                "REDIRECT",
+                "--to-ports",
+                "15001",
+            ],
         )?;
         ns_b.exec(
             "iptables",
-            &["-t", "nat", "-A", "PREROUTING", "-p", "tcp", "-i", &ib, "--dport", "8080", "-j", "REDIRECT", "--to-ports", "15006"],
+            &[
+                "-t",
+                "nat",
+                "-A",
+                "PREROUTING",
+                "-p",
+                "tcp",
+                "-i",
+                &ib,
+                "--dport",
+                "8080",
+                "-j",
+                "REDIRECT",
+                "--to-ports",
+                "15006",
+            ],
         )?;
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let ca = dir.path().join("ca");
@@ -92,13 +143,26 @@ impl NetMesh {
         let config = dir.path().join("mesh.yaml");
         std::fs::write(&config, yaml(client_ip, server_ip)).map_err(|e| e.to_string())?;
         let weft = weft_devmesh::weft_binary()?;
-        let common = ["--mark", &mark, "--socks5", "off", "--hbone", "0.0.0.0:15008"];
+        let common = [
+            "--mark",
+            &mark,
+            "--socks5",
+            "off",
+            "--hbone",
+            "0.0.0.0:15008",
+        ];
         let a_extra = [&common[..], &["--inbound-plaintext", "off"]].concat();
         let b_extra = [&common[..], &["--outbound", "off"]].concat();
-        let mut a = NodeProcess::spawn(&weft, &node_opts("node-a", &ns_a, &config, &ca, dir.path(), &a_extra, log))
-            .map_err(|e| e.to_string())?;
-        let mut b = NodeProcess::spawn(&weft, &node_opts("node-b", &ns_b, &config, &ca, dir.path(), &b_extra, log))
-            .map_err(|e| e.to_string())?;
+        let mut a = NodeProcess::spawn(
+            &weft,
+            &node_opts("node-a", &ns_a, &config, &ca, dir.path(), &a_extra, log),
+        )
+        .map_err(|e| e.to_string())?;
+        let mut b = NodeProcess::spawn(
+            &weft,
+            &node_opts("node-b", &ns_b, &config, &ca, dir.path(), &b_extra, log),
+        )
+        .map_err(|e| e.to_string())?;
         a.wait_ready(Duration::from_secs(30)).await?;
         b.wait_ready(Duration::from_secs(30)).await?;
         Ok(Self {

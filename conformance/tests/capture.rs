@@ -10,7 +10,9 @@ use weft_devmesh::workload;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn captured_traffic_goes_through_hbone_and_plaintext_inbound_works() {
-    let mut mesh = NetMesh::start("c", 7, "info").await.expect("network namespaces (needs root)");
+    let mut mesh = NetMesh::start("c", 7, "info")
+        .await
+        .expect("network namespaces (needs root)");
     let dst = mesh.server();
     let _echo = mesh.ns_b.run(move || async move {
         let (_, t) = workload::echo_server(dst).await.unwrap();
@@ -23,41 +25,92 @@ async fn captured_traffic_goes_through_hbone_and_plaintext_inbound_works() {
     let sent = data.clone();
     let back = eventually(Duration::from_secs(5), "echo server up", || {
         let sent = sent.clone();
-        let h = mesh.ns_a.run(move || async move { workload::round_trip(connect(dst, false).await?, &sent).await });
-        async move { tokio::task::spawn_blocking(move || h.join()).await.ok()?.ok()?.ok()?.ok() }
+        let h = mesh.ns_a.run(move || async move {
+            workload::round_trip(connect(dst, false).await?, &sent).await
+        });
+        async move {
+            tokio::task::spawn_blocking(move || h.join())
+                .await
+                .ok()?
+                .ok()?
+                .ok()?
+                .ok()
+        }
     })
     .await;
-    assert!(back == data, "captured echo corrupted: {} bytes back", back.len());
-    let inbound = eventually(Duration::from_secs(5), "node B inbound HBONE log", || async {
-        mesh.b.access_logs().into_iter().find(|l| l["src.identity"] != "")
-    })
+    assert!(
+        back == data,
+        "captured echo corrupted: {} bytes back",
+        back.len()
+    );
+    let inbound = eventually(
+        Duration::from_secs(5),
+        "node B inbound HBONE log",
+        || async {
+            mesh.b
+                .access_logs()
+                .into_iter()
+                .find(|l| l["src.identity"] != "")
+        },
+    )
     .await;
-    assert_eq!(inbound["src.identity"], "spiffe://cluster.local/ns/default/sa/client", "{inbound}");
+    assert_eq!(
+        inbound["src.identity"], "spiffe://cluster.local/ns/default/sa/client",
+        "{inbound}"
+    );
     assert_eq!(inbound["dst.addr"], dst.to_string());
     assert_eq!(inbound["bytes_sent"], data.len());
     let outbound = eventually(Duration::from_secs(5), "node A outbound log", || async {
-        mesh.a.access_logs().into_iter().find(|l| l["bytes_sent"] == data.len())
+        mesh.a
+            .access_logs()
+            .into_iter()
+            .find(|l| l["bytes_sent"] == data.len())
     })
     .await;
-    assert_eq!(outbound["dst.hbone_addr"], format!("{}:15008", mesh.server_ip), "{outbound}");
+    assert_eq!(
+        outbound["dst.hbone_addr"],
+        format!("{}:15008", mesh.server_ip),
+        "{outbound}"
+    );
     assert_eq!(outbound["direction"], "outbound");
 
     // 2. A non-mesh client (socket marked, so node A's capture skips it) reaches node B in plaintext via 15006.
     let back = mesh
         .ns_a
-        .run(move || async move { workload::round_trip(connect(dst, true).await?, b"plaintext hello").await })
+        .run(move || async move {
+            workload::round_trip(connect(dst, true).await?, b"plaintext hello").await
+        })
         .join()
         .unwrap()
         .unwrap()
         .unwrap();
     assert_eq!(back, b"plaintext hello");
-    let m = eventually(Duration::from_secs(5), "plaintext inbound metric", || async {
-        let m = mesh.b.scrape().await.ok()?;
-        (metric_sum(&m, "weft_connections_closed_total{direction=\"inbound\",transport=\"plaintext\"}") == 1.0).then_some(m)
-    })
+    let m = eventually(
+        Duration::from_secs(5),
+        "plaintext inbound metric",
+        || async {
+            let m = mesh.b.scrape().await.ok()?;
+            (metric_sum(
+                &m,
+                "weft_connections_closed_total{direction=\"inbound\",transport=\"plaintext\"}",
+            ) == 1.0)
+                .then_some(m)
+        },
+    )
     .await;
-    assert!(metric_sum(&m, "weft_connections_opened_total{direction=\"inbound\",transport=\"hbone\"}") >= 1.0, "{m}");
-    let plain = mesh.b.access_logs().into_iter().find(|l| l["src.identity"] == "").unwrap();
+    assert!(
+        metric_sum(
+            &m,
+            "weft_connections_opened_total{direction=\"inbound\",transport=\"hbone\"}"
+        ) >= 1.0,
+        "{m}"
+    );
+    let plain = mesh
+        .b
+        .access_logs()
+        .into_iter()
+        .find(|l| l["src.identity"] == "")
+        .unwrap();
     assert_eq!(plain["bytes_sent"], 15);
     assert!(mesh.a.terminate(Duration::from_secs(10)).await);
     assert!(mesh.b.terminate(Duration::from_secs(10)).await);

@@ -13,10 +13,17 @@ use weft_devmesh::{socks5, workload};
 use weft_plugin_host::testing::build_plugin;
 
 fn wasm(name: &str) -> PathBuf {
-    build_plugin(format!("plugins/{name}")).unwrap_or_else(|e| panic!("building plugin {name}: {e}"))
+    build_plugin(format!("plugins/{name}"))
+        .unwrap_or_else(|e| panic!("building plugin {name}: {e}"))
 }
 
-fn plugin_yaml(name: &str, kind: &str, path: &std::path::Path, config: &str, extra: &str) -> String {
+fn plugin_yaml(
+    name: &str,
+    kind: &str,
+    path: &std::path::Path,
+    config: &str,
+    extra: &str,
+) -> String {
     format!(
         "- name: {name}\n  kind: {kind}\n  path: {}\n  config: {config}\n{extra}",
         path.display()
@@ -28,7 +35,10 @@ fn with_plugins(base: &str, plugins: &[String]) -> String {
 }
 
 async fn start_echo(ip: std::net::Ipv4Addr, port: u16) -> tokio::task::JoinHandle<()> {
-    workload::echo_server(SocketAddr::from((ip, port))).await.unwrap().1
+    workload::echo_server(SocketAddr::from((ip, port)))
+        .await
+        .unwrap()
+        .1
 }
 
 /// One connection through node A: Ok(elapsed) if the echo came back, Err(socks reply code or 255) otherwise.
@@ -45,12 +55,24 @@ async fn try_conn(mesh: &Mesh, port: u16) -> Result<Duration, u8> {
     }
 }
 
-async fn wait_plugin_state(mesh: &Mesh, name: &str, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
-    eventually(Duration::from_secs(20), &format!("plugin {name} state"), || async {
-        let d = mesh.b.config_dump().await.ok()?;
-        let p = d["plugins"].as_array()?.iter().find(|p| p["name"] == name)?.clone();
-        pred(&p).then_some(p)
-    })
+async fn wait_plugin_state(
+    mesh: &Mesh,
+    name: &str,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    eventually(
+        Duration::from_secs(20),
+        &format!("plugin {name} state"),
+        || async {
+            let d = mesh.b.config_dump().await.ok()?;
+            let p = d["plugins"]
+                .as_array()?
+                .iter()
+                .find(|p| p["name"] == name)?
+                .clone();
+            pred(&p).then_some(p)
+        },
+    )
     .await
 }
 
@@ -63,7 +85,13 @@ async fn policy_denies_with_401_and_telemetry_counts() {
     let yaml_b = with_plugins(
         &base,
         &[
-            plugin_yaml("allowlist", "policy", &allow, r#"{"ports": [8080], "deny_message": "port not allowed"}"#, ""),
+            plugin_yaml(
+                "allowlist",
+                "policy",
+                &allow,
+                r#"{"ports": [8080], "deny_message": "port not allowed"}"#,
+                "",
+            ),
             plugin_yaml("counter", "telemetry", &counter, "{}", ""),
         ],
     );
@@ -77,12 +105,22 @@ async fn policy_denies_with_401_and_telemetry_counts() {
     // Port 8081 is not in the allow-list: node B answers 401, node A tells the SOCKS5 client "not allowed".
     assert_eq!(try_conn(&mesh, 8081).await, Err(2));
     let denied = eventually(Duration::from_secs(5), "denial in node B's log", || async {
-        mesh.b.access_logs().into_iter().find(|l| l["error"].as_str().is_some_and(|e| e.contains("port not allowed")))
+        mesh.b.access_logs().into_iter().find(|l| {
+            l["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("port not allowed"))
+        })
     })
     .await;
-    assert!(denied["error"].as_str().unwrap().contains("allowlist"), "the log must name the plugin: {denied}");
+    assert!(
+        denied["error"].as_str().unwrap().contains("allowlist"),
+        "the log must name the plugin: {denied}"
+    );
     let out = eventually(Duration::from_secs(5), "denial in node A's log", || async {
-        mesh.a.access_logs().into_iter().find(|l| l["error"].as_str().is_some_and(|e| e.contains("401")))
+        mesh.a
+            .access_logs()
+            .into_iter()
+            .find(|l| l["error"].as_str().is_some_and(|e| e.contains("401")))
     })
     .await;
     assert_eq!(out["dst.addr"], format!("{}:8081", a.echo()));
@@ -91,9 +129,30 @@ async fn policy_denies_with_401_and_telemetry_counts() {
         (metric_sum(&m, "conn_counter_closed_total{") >= 4.0).then_some(m)
     })
     .await;
-    assert_eq!(metric_sum(&m, "conn_counter_opened_total{direction=\"inbound\",destination_workload=\"echo\"}"), 3.0, "{m}");
-    assert_eq!(metric_sum(&m, "conn_counter_closed_total{direction=\"inbound\",destination_workload=\"echo\",verdict=\"deny\"}"), 1.0, "{m}");
-    assert_eq!(metric_sum(&m, "weft_connections_failed_total{direction=\"inbound\",reason=\"denied\"}"), 1.0, "{m}");
+    assert_eq!(
+        metric_sum(
+            &m,
+            "conn_counter_opened_total{direction=\"inbound\",destination_workload=\"echo\"}"
+        ),
+        3.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric_sum(
+            &m,
+            "conn_counter_closed_total{direction=\"inbound\",destination_workload=\"echo\",verdict=\"deny\"}"
+        ),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric_sum(
+            &m,
+            "weft_connections_failed_total{direction=\"inbound\",reason=\"denied\"}"
+        ),
+        1.0,
+        "{m}"
+    );
     assert!(metric_sum(&m, "weft_plugin_calls_total") >= 4.0, "{m}");
 }
 
@@ -104,7 +163,16 @@ async fn hot_swap_under_load_fails_no_connection_and_bad_versions_are_rejected()
     let counter = wasm("conn-counter");
     let misbehave = wasm("testdata/misbehave");
     let base = mesh_yaml(a, "echo");
-    let v1 = with_plugins(&base, &[plugin_yaml("allowlist", "policy", &allow, r#"{"ports": [8080]}"#, "")]);
+    let v1 = with_plugins(
+        &base,
+        &[plugin_yaml(
+            "allowlist",
+            "policy",
+            &allow,
+            r#"{"ports": [8080]}"#,
+            "",
+        )],
+    );
     let mesh = Mesh::start_with(a, &base, &v1, |o| {
         o.extra.extend(["--config-poll".into(), "10ms".into()]);
     })
@@ -121,21 +189,41 @@ async fn hot_swap_under_load_fails_no_connection_and_bad_versions_are_rejected()
     let mut load = Vec::new();
     for _ in 0..8 {
         let (ok, failed, stop) = (ok.clone(), failed.clone(), stop.clone());
-        let (proxy, src, dst) = (mesh.a.socks5, a.client(), SocketAddr::from((a.echo(), 8080)));
+        let (proxy, src, dst) = (
+            mesh.a.socks5,
+            a.client(),
+            SocketAddr::from((a.echo(), 8080)),
+        );
         load.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 let r = match socks5::connect(proxy, Some(IpAddr::V4(src)), dst).await {
-                    Ok(s) => workload::round_trip(s, b"load").await.map(|b| b == b"load").unwrap_or(false),
+                    Ok(s) => workload::round_trip(s, b"load")
+                        .await
+                        .map(|b| b == b"load")
+                        .unwrap_or(false),
                     Err(_) => false,
                 };
-                if r { ok.fetch_add(1, Ordering::Relaxed) } else { failed.fetch_add(1, Ordering::Relaxed) };
+                if r {
+                    ok.fetch_add(1, Ordering::Relaxed)
+                } else {
+                    failed.fetch_add(1, Ordering::Relaxed)
+                };
             }
         }));
     }
     tokio::time::sleep(Duration::from_millis(700)).await;
     let before = ok.load(Ordering::Relaxed);
     // v2 also allows 8081: measure from the file write to the first allowed 8081 connection.
-    let v2 = with_plugins(&base, &[plugin_yaml("allowlist", "policy", &allow, r#"{"ports": [8080, 8081]}"#, "")]);
+    let v2 = with_plugins(
+        &base,
+        &[plugin_yaml(
+            "allowlist",
+            "policy",
+            &allow,
+            r#"{"ports": [8080, 8081]}"#,
+            "",
+        )],
+    );
     let t = Instant::now();
     std::fs::write(&mesh.config_b, &v2).unwrap();
     let swap = eventually(Duration::from_secs(10), "v2 visible", || async {
@@ -148,22 +236,51 @@ async fn hot_swap_under_load_fails_no_connection_and_bad_versions_are_rejected()
         l.await.unwrap();
     }
     let (ok, failed) = (ok.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
-    println!("hot swap: new behaviour visible {swap:?} after the config write; {ok} connections ok, {failed} failed");
+    println!(
+        "hot swap: new behaviour visible {swap:?} after the config write; {ok} connections ok, {failed} failed"
+    );
     assert_eq!(failed, 0, "no connection may fail across a hot swap");
-    assert!(ok > before && ok >= 280, "the load must keep going (>=200 conn/s): {ok}");
+    assert!(
+        ok > before && ok >= 280,
+        "the load must keep going (>=200 conn/s): {ok}"
+    );
     assert!(swap < Duration::from_millis(500), "swap took {swap:?}");
 
     // Bad versions: each is rejected with its reason and v2 keeps serving.
     let garbage = mesh.dir.path().join("garbage.wasm");
     std::fs::write(&garbage, b"\0asm not really").unwrap();
     let bad = [
-        ("garbage", plugin_yaml("allowlist", "policy", &garbage, "{}", "")),
-        ("wrong world", plugin_yaml("allowlist", "policy", &counter, "{}", "")),
-        ("configure error", plugin_yaml("allowlist", "policy", &misbehave, "configure-error", "")),
-        ("configure error", plugin_yaml("allowlist", "policy", &allow, r#"{"ports": "not a list"}"#, "")),
+        (
+            "garbage",
+            plugin_yaml("allowlist", "policy", &garbage, "{}", ""),
+        ),
+        (
+            "wrong world",
+            plugin_yaml("allowlist", "policy", &counter, "{}", ""),
+        ),
+        (
+            "configure error",
+            plugin_yaml("allowlist", "policy", &misbehave, "configure-error", ""),
+        ),
+        (
+            "configure error",
+            plugin_yaml(
+                "allowlist",
+                "policy",
+                &allow,
+                r#"{"ports": "not a list"}"#,
+                "",
+            ),
+        ),
         (
             "sha256 mismatch",
-            plugin_yaml("allowlist", "policy", &allow, r#"{"ports": [8080]}"#, &format!("  sha256: {}\n", "ab".repeat(32))),
+            plugin_yaml(
+                "allowlist",
+                "policy",
+                &allow,
+                r#"{"ports": [8080]}"#,
+                &format!("  sha256: {}\n", "ab".repeat(32)),
+            ),
         ),
     ];
     for (what, spec) in bad {
@@ -176,7 +293,10 @@ async fn hot_swap_under_load_fails_no_connection_and_bad_versions_are_rejected()
             assert!(err.contains("sha256"), "{err}");
         }
         // v2 still serves: 8081 allowed.
-        assert!(try_conn(&mesh, 8081).await.is_ok(), "{what}: the previous version must keep serving");
+        assert!(
+            try_conn(&mesh, 8081).await.is_ok(),
+            "{what}: the previous version must keep serving"
+        );
         // Back to v2 before the next bad version.
         std::fs::write(&mesh.config_b, &v2).unwrap();
         wait_plugin_state(&mesh, "allowlist", |p| p["state"] == "serving").await;
@@ -189,7 +309,16 @@ async fn misbehaving_plugins_are_contained() {
     let misbehave = wasm("testdata/misbehave");
     let base = mesh_yaml(a, "echo");
     let cfg = |mode: &str, policy: &str| {
-        with_plugins(&base, &[plugin_yaml("bad", "policy", &misbehave, mode, &format!("  failurePolicy: {policy}\n"))])
+        with_plugins(
+            &base,
+            &[plugin_yaml(
+                "bad",
+                "policy",
+                &misbehave,
+                mode,
+                &format!("  failurePolicy: {policy}\n"),
+            )],
+        )
     };
     let mesh = Mesh::start_with(a, &base, &cfg("deny666", "failClosed"), |o| {
         o.extra.extend(["--config-poll".into(), "10ms".into()]);
@@ -209,7 +338,11 @@ async fn misbehaving_plugins_are_contained() {
         std::fs::write(&mesh.config_b, cfg(mode, "failClosed")).unwrap();
         let sha = eventually(Duration::from_secs(20), "mode applied", || async {
             let d = mesh.b.config_dump().await.ok()?;
-            let p = d["plugins"].as_array()?.iter().find(|p| p["name"] == "bad")?.clone();
+            let p = d["plugins"]
+                .as_array()?
+                .iter()
+                .find(|p| p["name"] == "bad")?
+                .clone();
             (p["state"] == "serving" && d["version"].as_u64()? > 1).then_some(p["loadedAt"].clone())
         })
         .await;
@@ -223,7 +356,9 @@ async fn misbehaving_plugins_are_contained() {
                 let mut lat = Vec::new();
                 for _ in 0..30 {
                     let t = Instant::now();
-                    let s = socks5::connect(proxy, Some(IpAddr::V4(src)), dst).await.unwrap();
+                    let s = socks5::connect(proxy, Some(IpAddr::V4(src)), dst)
+                        .await
+                        .unwrap();
                     assert_eq!(workload::round_trip(s, b"ping").await.unwrap(), b"ping");
                     lat.push(t.elapsed());
                 }
@@ -240,14 +375,25 @@ async fn misbehaving_plugins_are_contained() {
         }
         let p50 = bg.await.unwrap();
         let worst = *denied_in.iter().max().unwrap();
-        println!("{mode}: denied within {worst:?} (worst of 5); other connections p50 {p50:?} (baseline {base_p50:?})");
-        assert!(worst < Duration::from_millis(500), "{mode}: the call must end within its deadline, took {worst:?}");
-        assert!(p50 < base_p50 * 4 + Duration::from_millis(20), "{mode}: other connections slowed: {p50:?} vs {base_p50:?}");
+        println!(
+            "{mode}: denied within {worst:?} (worst of 5); other connections p50 {p50:?} (baseline {base_p50:?})"
+        );
+        assert!(
+            worst < Duration::from_millis(500),
+            "{mode}: the call must end within its deadline, took {worst:?}"
+        );
+        assert!(
+            p50 < base_p50 * 4 + Duration::from_millis(20),
+            "{mode}: other connections slowed: {p50:?} vs {base_p50:?}"
+        );
     }
     let m = mesh.b.scrape().await.unwrap();
     assert!(metric_sum(&m, "weft_plugin_errors_total") >= 25.0, "{m}");
     // Fail-open: the same trap lets the connection through.
     std::fs::write(&mesh.config_b, cfg("trap", "failOpen")).unwrap();
-    wait_plugin_state(&mesh, "bad", |p| p["failurePolicy"] == "fail-open" && p["state"] == "serving").await;
+    wait_plugin_state(&mesh, "bad", |p| {
+        p["failurePolicy"] == "fail-open" && p["state"] == "serving"
+    })
+    .await;
     assert!(try_conn(&mesh, 666).await.is_ok(), "fail-open must allow");
 }

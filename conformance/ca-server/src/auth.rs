@@ -59,7 +59,7 @@ pub enum Authenticator {
     /// Kubernetes TokenReview.
     TokenReview {
         /// The API server.
-        api: KubeClient,
+        api: Box<KubeClient>,
         /// Audience the token must carry (`istio-ca`).
         audience: String,
         /// Trust domain of the identities derived from service accounts.
@@ -153,11 +153,9 @@ async fn token_review(
     let (ns, sa) = username
         .strip_prefix("system:serviceaccount:")
         .and_then(|rest| rest.split_once(':'))
-        .ok_or_else(|| {
-            AuthError::Rejected(format!("{username:?} is not a service account"))
-        })?;
-    let identity = SpiffeId::new(trust_domain, ns, sa)
-        .map_err(|e| AuthError::Rejected(e.to_string()))?;
+        .ok_or_else(|| AuthError::Rejected(format!("{username:?} is not a service account")))?;
+    let identity =
+        SpiffeId::new(trust_domain, ns, sa).map_err(|e| AuthError::Rejected(e.to_string()))?;
     let extra = |key: &str| {
         user.pointer(&format!("/extra/{}", key.replace('/', "~1")))
             .and_then(|v| v.as_array())
@@ -183,14 +181,22 @@ async fn pod_node(
     uid: Option<&str>,
 ) -> Result<Option<String>, AuthError> {
     let (status, body) = api
-        .request(Method::GET, &format!("/api/v1/namespaces/{ns}/pods/{pod}"), None)
+        .request(
+            Method::GET,
+            &format!("/api/v1/namespaces/{ns}/pods/{pod}"),
+            None,
+        )
         .await
         .map_err(|e| AuthError::Unavailable(e.to_string()))?;
     if status == 404 {
-        return Err(AuthError::Rejected(format!("pod {ns}/{pod} no longer exists")));
+        return Err(AuthError::Rejected(format!(
+            "pod {ns}/{pod} no longer exists"
+        )));
     }
     if !(200..300).contains(&status) {
-        return Err(AuthError::Unavailable(format!("reading pod {ns}/{pod}: {status}")));
+        return Err(AuthError::Unavailable(format!(
+            "reading pod {ns}/{pod}: {status}"
+        )));
     }
     if let Some(want) = uid
         && body.pointer("/metadata/uid").and_then(|u| u.as_str()) != Some(want)

@@ -41,7 +41,8 @@ pub fn server_tls(
     let chain = CertificateDer::pem_slice_iter(chain_pem.as_bytes())
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| Error::Tls(e.to_string()))?;
-    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| Error::Tls(e.to_string()))?;
+    let key =
+        PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| Error::Tls(e.to_string()))?;
     let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::aws_lc_rs::default_provider(),
     ))
@@ -83,15 +84,17 @@ pub async fn serve(
         let (acceptor, grpc) = (acceptor.clone(), grpc.clone());
         conns.spawn(async move {
             let _ = tcp.set_nodelay(true);
-            let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => return tracing::info!(%peer, error = %e, "TLS handshake failed"),
-                Err(_) => return tracing::info!(%peer, "TLS handshake timed out"),
-            };
-            let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                let mut grpc = grpc.clone();
-                async move { grpc.call(req).await }
-            });
+            let tls =
+                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => return tracing::info!(%peer, error = %e, "TLS handshake failed"),
+                    Err(_) => return tracing::info!(%peer, "TLS handshake timed out"),
+                };
+            let svc =
+                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let mut grpc = grpc.clone();
+                    async move { grpc.call(req).await }
+                });
             if let Err(e) = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(tls), svc)
                 .await

@@ -87,12 +87,22 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let ca = Arc::new(LocalCa::from_dir(&args.ca_dir).context("loading the signer")?);
     let workloads = Arc::new(StateStore::new());
     weft_state::load_into(&args.mesh_config, &workloads).context("loading the mesh config")?;
-    let _watch = weft_state::watch_file(args.mesh_config.clone(), workloads.clone(), args.config_poll);
+    let _watch = weft_state::watch_file(
+        args.mesh_config.clone(),
+        workloads.clone(),
+        args.config_poll,
+    );
     let auth = match (&args.tokens, &args.kube_api) {
         (Some(path), _) => Authenticator::Static(path.clone()),
         (None, Some(url)) => Authenticator::TokenReview {
-            api: KubeClient::new(url, args.kube_ca_file.as_deref(), args.kube_token_file.clone())
+            api: Box::new(
+                KubeClient::new(
+                    url,
+                    args.kube_ca_file.as_deref(),
+                    args.kube_token_file.clone(),
+                )
                 .context("--kube-api")?,
+            ),
             audience: args.audience.clone(),
             trust_domain: args.trust_domain.clone(),
         },
@@ -100,7 +110,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     let rogue = match args.fault {
         Some(Fault::BadChain) => {
-            let (cert, key) = weft_identity::ca::generate_root(&args.trust_domain, Duration::from_secs(3600))?;
+            let (cert, key) =
+                weft_identity::ca::generate_root(&args.trust_domain, Duration::from_secs(3600))?;
             Some(Arc::new(LocalCa::from_pem(&cert, &key, vec![])?))
         }
         _ => None,
@@ -122,10 +133,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(listen = %listener.local_addr()?, fault = ?args.fault, "weft-ca serving istio.v1.auth.IstioCertificateService");
     let shutdown = async {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(t) => t,
-            Err(_) => return std::future::pending().await,
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(t) => t,
+                Err(_) => return std::future::pending().await,
+            };
         tokio::select! {
             _ = term.recv() => {}
             _ = tokio::signal::ctrl_c() => {}

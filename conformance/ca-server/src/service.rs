@@ -69,7 +69,9 @@ fn bearer(req: &Request<IstioCertificateRequest>) -> Option<String> {
 /// One audit line: who asked for what, and the verdict.
 fn audit(cluster: &str, caller: Option<&Caller>, identity: &str, allowed: bool, reason: &str) {
     let node = caller.and_then(|c| c.node.as_deref()).unwrap_or("-");
-    let who = caller.map(|c| c.identity.to_string()).unwrap_or_else(|| "-".into());
+    let who = caller
+        .map(|c| c.identity.to_string())
+        .unwrap_or_else(|| "-".into());
     if allowed {
         tracing::info!(target: "audit", decision = "allow", node, caller = %who, identity, cluster, reason, "certificate request allowed");
     } else {
@@ -91,7 +93,10 @@ impl CaService {
             ));
         }
         let Some(node) = caller.node.as_deref() else {
-            return Err("the caller's token is bound to no node, so it may only ask for its own identity".into());
+            return Err(
+                "the caller's token is bound to no node, so it may only ask for its own identity"
+                    .into(),
+            );
         };
         let state = self.workloads.current();
         let want = wanted.to_string();
@@ -115,11 +120,9 @@ impl CaService {
             .to_owned();
         let token = bearer(&req);
         let body = req.into_inner();
-        let asked = weft_proto::struct_string(
-            body.metadata.as_ref(),
-            weft_proto::IMPERSONATED_IDENTITY,
-        )
-        .map(str::to_owned);
+        let asked =
+            weft_proto::struct_string(body.metadata.as_ref(), weft_proto::IMPERSONATED_IDENTITY)
+                .map(str::to_owned);
         let asked_text = asked.clone().unwrap_or_else(|| "-".into());
         let refuse = |caller: Option<&Caller>, identity: &str, status: Status| {
             self.counters.refused.fetch_add(1, Relaxed);
@@ -127,7 +130,11 @@ impl CaService {
             Err(status)
         };
         let Some(token) = token else {
-            return refuse(None, &asked_text, Status::unauthenticated("no bearer token"));
+            return refuse(
+                None,
+                &asked_text,
+                Status::unauthenticated("no bearer token"),
+            );
         };
         let caller = match self.auth.authenticate(&token).await {
             Ok(c) => c,
@@ -150,7 +157,8 @@ impl CaService {
             Ok(r) => r,
             Err(why) => {
                 let node = caller.node.as_deref().unwrap_or("-");
-                let msg = format!("node {node} may not have a certificate for {wanted_text}: {why}");
+                let msg =
+                    format!("node {node} may not have a certificate for {wanted_text}: {why}");
                 return refuse(Some(&caller), &wanted_text, Status::permission_denied(msg));
             }
         };
@@ -166,21 +174,32 @@ impl CaService {
                 self.ca.sign_csr_with_san(&other, &body.csr, validity)
             }
             Some(Fault::BadChain) => {
-                let rogue = self.rogue.as_ref().ok_or_else(|| Status::internal("no rogue CA"))?;
-                rogue.sign_csr(&wanted, &body.csr, validity).map(|mut chain| {
-                    chain.truncate(1);
-                    chain.extend(weft_identity::CaClient::trust_roots(self.ca.as_ref()));
-                    chain
-                })
+                let rogue = self
+                    .rogue
+                    .as_ref()
+                    .ok_or_else(|| Status::internal("no rogue CA"))?;
+                rogue
+                    .sign_csr(&wanted, &body.csr, validity)
+                    .map(|mut chain| {
+                        chain.truncate(1);
+                        chain.extend(weft_identity::CaClient::trust_roots(self.ca.as_ref()));
+                        chain
+                    })
             }
         };
         match signed {
             Ok(chain) => {
                 self.counters.issued.fetch_add(1, Relaxed);
                 audit(&cluster, Some(&caller), &wanted_text, true, &reason);
-                Ok(Response::new(IstioCertificateResponse { cert_chain: chain }))
+                Ok(Response::new(IstioCertificateResponse {
+                    cert_chain: chain,
+                }))
             }
-            Err(e) => refuse(Some(&caller), &wanted_text, Status::invalid_argument(e.to_string())),
+            Err(e) => refuse(
+                Some(&caller),
+                &wanted_text,
+                Status::invalid_argument(e.to_string()),
+            ),
         }
     }
 }

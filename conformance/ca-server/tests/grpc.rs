@@ -1,6 +1,7 @@
 //! The reference CA in process, against weft's Istio CA client over real gRPC+TLS on loopback: issuance,
 //! authorization by node placement (live config edits), authentication by static tokens and by a TokenReview
 //! server speaking the Kubernetes JSON, answers the client must refuse, and a root file that changes.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 
@@ -33,7 +34,13 @@ async fn issues_for_workloads_on_the_callers_node_and_refuses_others() {
     assert!(text.contains("node node-a may not"), "{text}");
     // Another trust domain: refused too.
     let td = SpiffeId::new("evil.example", "default", "client").unwrap();
-    assert!(m.fetch(&td).await.unwrap_err().to_string().contains("trust domain"));
+    assert!(
+        m.fetch(&td)
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("trust domain")
+    );
     let c = &ca.service.counters;
     assert_eq!(c.issued.load(std::sync::atomic::Ordering::Relaxed), 2);
     assert_eq!(c.refused.load(std::sync::atomic::Ordering::Relaxed), 2);
@@ -48,12 +55,37 @@ async fn issues_for_workloads_on_the_callers_node_and_refuses_others() {
 async fn unknown_or_missing_tokens_are_unauthenticated() {
     let ca = TestCa::start(None, None).await;
     let bad = ca.client("no-such-token");
-    let err = bad.sign(&request(&id("default", "client"))).await.unwrap_err();
+    let err = bad
+        .sign(&request(&id("default", "client")))
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("Unauthenticated"), "{err}");
+    // The token file is read on every call: a rotated token is picked up without a new client.
+    let cfg = ca.client_config("token-a");
+    let token_file = cfg.token_file.clone().unwrap();
+    let client = weft_identity::IstioCaClient::new(cfg).unwrap();
+    client
+        .sign(&request(&id("default", "client")))
+        .await
+        .unwrap();
+    std::fs::write(&token_file, "revoked\n").unwrap();
+    let err = client
+        .sign(&request(&id("default", "client")))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("unknown token"), "{err}");
+    std::fs::write(&token_file, "token-a\n").unwrap();
+    client
+        .sign(&request(&id("default", "client")))
+        .await
+        .unwrap();
     let mut cfg = ca.client_config("x");
     cfg.token_file = None;
     let anon = weft_identity::IstioCaClient::new(cfg).unwrap();
-    let err = anon.sign(&request(&id("default", "client"))).await.unwrap_err();
+    let err = anon
+        .sign(&request(&id("default", "client")))
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("no bearer token"), "{err}");
 }
 
@@ -79,18 +111,26 @@ async fn the_channel_is_rebuilt_when_the_root_file_changes() {
         weft_identity::ca::generate_root("cluster.local", Duration::from_secs(3600)).unwrap();
     std::fs::write(&ca.root_file, &other).unwrap();
     let client = ca.client("token-a");
-    let err = client.sign(&request(&id("default", "client"))).await.unwrap_err();
+    let err = client
+        .sign(&request(&id("default", "client")))
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::CaUnavailable(_)), "{err}");
     std::fs::write(&ca.root_file, &good).unwrap();
-    client.sign(&request(&id("default", "client"))).await.unwrap();
+    client
+        .sign(&request(&id("default", "client")))
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_review_authenticates_nodes_by_their_bound_tokens() {
     let api = FakeKubeApi::start().await;
     let auth = Authenticator::TokenReview {
-        api: weft_identity::KubeClient::new(&api.url, None, Some(api.ca_token_file.clone()))
-            .unwrap(),
+        api: Box::new(
+            weft_identity::KubeClient::new(&api.url, None, Some(api.ca_token_file.clone()))
+                .unwrap(),
+        ),
         audience: "istio-ca".into(),
         trust_domain: "cluster.local".into(),
     };
@@ -101,11 +141,18 @@ async fn token_review_authenticates_nodes_by_their_bound_tokens() {
     let err = m.fetch(&id("default", "echo")).await.unwrap_err();
     assert!(err.to_string().contains("PermissionDenied"), "{err}");
     // Bound only to a pod (clusters before 1.30): the CA looks the pod up to find its node (node-b).
-    let m = SecretManager::new(Arc::new(ca.client(TOKEN_POD_ON_B)), ManagerConfig::default());
+    let m = SecretManager::new(
+        Arc::new(ca.client(TOKEN_POD_ON_B)),
+        ManagerConfig::default(),
+    );
     m.fetch(&id("default", "echo")).await.unwrap();
     // A token the API server rejects, and one for another audience.
     for t in [TOKEN_REJECTED, TOKEN_OTHER_AUDIENCE] {
-        let err = ca.client(t).sign(&request(&id("default", "client"))).await.unwrap_err();
+        let err = ca
+            .client(t)
+            .sign(&request(&id("default", "client")))
+            .await
+            .unwrap_err();
         assert!(err.to_string().contains("Unauthenticated"), "{t}: {err}");
     }
     // The reviews were real TokenReview requests, authenticated with the CA's own token.

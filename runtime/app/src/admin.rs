@@ -183,7 +183,11 @@ impl Collector for NodeCollector {
         let (in_flight, queued) = self.identity.ca_calls();
         for (name, help, v) in [
             ("weft_ca_calls_in_flight", "CA calls in flight", in_flight),
-            ("weft_ca_calls_queued", "CA calls waiting for a slot", queued),
+            (
+                "weft_ca_calls_queued",
+                "CA calls waiting for a slot",
+                queued,
+            ),
         ] {
             let m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
             ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX)).encode(m)?;

@@ -172,6 +172,10 @@ pub struct RunArgs {
     /// How often the config file is checked for edits.
     #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
     pub config_poll: Duration,
+    /// Load the embedded default plugins (istio-authz, istio-telemetry); a config entry of the same name replaces
+    /// one.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub default_plugins: bool,
     /// Directory where compiled plugins are cached by content hash (none: compile on every start).
     #[arg(long, env = "WEFT_PLUGIN_CACHE")]
     pub plugin_cache: Option<PathBuf>,

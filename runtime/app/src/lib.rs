@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod cli;
+pub mod default_plugins;
 pub mod demo;
 pub mod logging;
 pub mod run;

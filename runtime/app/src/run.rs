@@ -11,8 +11,8 @@ use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 use weft_admin::{AdminHandler, Server};
 use weft_hooks::ConnectionHooks;
-use weft_plugin_host::{HostConfig, Outcome, PluginHost};
 use weft_identity::{ManagerConfig, SecretManager, SpiffeId};
+use weft_plugin_host::{HostConfig, Outcome, PluginHost};
 use weft_proxy::{InboundBind, Proxy, ProxyConfig, ProxyMetrics};
 use weft_state::{MeshState, StateStore, TunnelProtocol};
 
@@ -66,17 +66,24 @@ fn local_identities(state: &StateStore, node: &str) -> HashSet<SpiffeId> {
 
 /// Hand the plugin host the plugin specs and the authorization policies of `state`; log what happened to each
 /// plugin (a rejected version is logged with its reason; the previous version keeps serving).
-async fn apply_plugins(host: &Arc<PluginHost>, state: &MeshState) {
-    let specs = state.plugins.values().cloned().collect();
+async fn apply_plugins(host: &Arc<PluginHost>, state: &MeshState, defaults: bool) {
+    let specs = crate::default_plugins::merge(defaults, state.plugins.values().cloned());
     let policies = state.policies.values().cloned().collect();
     let report = host.apply_async(specs, policies).await;
     for p in &report.plugins {
         match &p.outcome {
-            Outcome::Loaded { sha256 } => tracing::info!(plugin = %p.name, %sha256, version = state.version, "plugin loaded"),
-            Outcome::StateUpdated => tracing::info!(plugin = %p.name, version = state.version, "plugin state updated"),
+            Outcome::Loaded { sha256 } => {
+                tracing::info!(plugin = %p.name, %sha256, version = state.version, "plugin loaded")
+            }
+            Outcome::StateUpdated => {
+                tracing::info!(plugin = %p.name, version = state.version, "plugin state updated")
+            }
             Outcome::Removed => tracing::info!(plugin = %p.name, "plugin removed"),
             Outcome::Unchanged => {}
-            Outcome::Rejected { reason, still_serving } => tracing::error!(
+            Outcome::Rejected {
+                reason,
+                still_serving,
+            } => tracing::error!(
                 plugin = %p.name,
                 %reason,
                 still_serving = still_serving.as_deref().unwrap_or("nothing"),
@@ -102,8 +109,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let state = Arc::new(StateStore::new());
     weft_state::load_into(&args.config, &state)
         .with_context(|| "loading the mesh config".to_owned())?;
-    let ca = weft_identity::select::build_ca(&args.ca.settings(args.ca_dir.clone(), &args.cluster_id))
-        .context("setting up the CA client")?;
+    let ca_settings = args.ca.settings(args.ca_dir.clone(), &args.cluster_id);
+    let ca = weft_identity::select::build_ca(&ca_settings).context("setting up the CA client")?;
     // Built inside the control runtime, so CA calls run there.
     let identity = {
         let _in_control = control.enter();
@@ -155,13 +162,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         let _refresh = identity.spawn_refresher(Duration::from_secs(1));
         identity.retain(&local_identities(&state, &args.node));
         // Plugins load before the first connection is accepted; later config versions are applied in order.
-        apply_plugins(&host, &state.current()).await;
+        apply_plugins(&host, &state.current(), args.default_plugins).await;
         {
             let (state, host) = (state.clone(), host.clone());
             let mut rx = state.subscribe();
             tokio::spawn(async move {
                 while rx.changed().await.is_ok() {
-                    apply_plugins(&host, &state.current()).await;
+                    apply_plugins(&host, &state.current(), args.default_plugins).await;
                 }
             });
         }

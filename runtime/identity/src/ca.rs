@@ -54,8 +54,13 @@ impl Debug for LocalCa {
 impl LocalCa {
     /// Load a CA certificate and key (PEM). `roots` are the trust anchors to hand out: the CA certificate itself
     /// when it is a root; the root of its chain when it is an intermediate.
-    pub fn from_pem(ca_cert_pem: &str, ca_key_pem: &str, roots: Vec<String>) -> Result<Self, Error> {
-        let key = rcgen::KeyPair::from_pem(ca_key_pem).map_err(|e| Error::Ca(format!("CA key: {e}")))?;
+    pub fn from_pem(
+        ca_cert_pem: &str,
+        ca_key_pem: &str,
+        roots: Vec<String>,
+    ) -> Result<Self, Error> {
+        let key =
+            rcgen::KeyPair::from_pem(ca_key_pem).map_err(|e| Error::Ca(format!("CA key: {e}")))?;
         let issuer = rcgen::Issuer::from_ca_cert_pem(ca_cert_pem, key)
             .map_err(|e| Error::Ca(format!("CA certificate: {e}")))?;
         let roots_pem = if roots.is_empty() {
@@ -92,7 +97,7 @@ impl LocalCa {
         csr_pem: &str,
         validity: Duration,
     ) -> Result<Vec<String>, Error> {
-        let mut csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
+        let csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
             .map_err(|e| Error::Ca(format!("bad CSR: {e}")))?;
         let want = identity.to_string();
         let sans: Vec<String> = csr
@@ -109,12 +114,37 @@ impl LocalCa {
                 "CSR must carry exactly the SAN {want}, it carries {sans:?}"
             )));
         }
+        self.sign_params(csr, identity, validity)
+    }
+
+    /// Sign the CSR's key for `san`, whatever SANs the CSR asks for. Only for fault injection (a CA that answers
+    /// with the wrong identity) and tests; [`LocalCa::sign_csr`] is the checked path.
+    pub fn sign_csr_with_san(
+        &self,
+        san: &SpiffeId,
+        csr_pem: &str,
+        validity: Duration,
+    ) -> Result<Vec<String>, Error> {
+        let csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
+            .map_err(|e| Error::Ca(format!("bad CSR: {e}")))?;
+        self.sign_params(csr, san, validity)
+    }
+
+    fn sign_params(
+        &self,
+        mut csr: rcgen::CertificateSigningRequestParams,
+        san: &SpiffeId,
+        validity: Duration,
+    ) -> Result<Vec<String>, Error> {
         let now = SystemTime::now();
         let p = &mut csr.params;
         p.not_before = (now - Duration::from_secs(60)).into();
         p.not_after = (now + validity).into();
         p.serial_number = Some(rcgen::SerialNumber::from_slice(&rand::random::<[u8; 16]>()));
         p.distinguished_name = rcgen::DistinguishedName::new();
+        p.subject_alt_names = vec![rcgen::SanType::URI(
+            rcgen::string::Ia5String::try_from(san.to_string()).map_err(Error::rcgen)?,
+        )];
         p.is_ca = rcgen::IsCa::ExplicitNoCa;
         p.key_usages = vec![
             rcgen::KeyUsagePurpose::DigitalSignature,
@@ -134,6 +164,49 @@ impl LocalCa {
         }
         chain.extend(self.roots_pem.iter().cloned());
         Ok(chain)
+    }
+}
+
+impl LocalCa {
+    /// Issue a TLS server certificate for DNS names and IP addresses (a CA's or a control plane's own serving
+    /// certificate, for dev meshes and tests): returns (chain PEM: leaf, then intermediates; key PEM).
+    pub fn issue_server_cert(
+        &self,
+        names: &[String],
+        validity: Duration,
+    ) -> Result<(String, String), Error> {
+        let key =
+            rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(Error::rcgen)?;
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(Error::rcgen)?;
+        for n in names {
+            p.subject_alt_names
+                .push(match n.parse::<std::net::IpAddr>() {
+                    Ok(ip) => rcgen::SanType::IpAddress(ip),
+                    Err(_) => rcgen::SanType::DnsName(
+                        rcgen::string::Ia5String::try_from(n.as_str()).map_err(Error::rcgen)?,
+                    ),
+                });
+        }
+        let mut dn = rcgen::DistinguishedName::new();
+        dn.push(
+            rcgen::DnType::CommonName,
+            names.first().map_or("weft", String::as_str),
+        );
+        p.distinguished_name = dn;
+        let now = SystemTime::now();
+        p.not_before = (now - Duration::from_secs(60)).into();
+        p.not_after = (now + validity).into();
+        p.serial_number = Some(rcgen::SerialNumber::from_slice(&rand::random::<[u8; 16]>()));
+        p.is_ca = rcgen::IsCa::ExplicitNoCa;
+        p.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+        p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+        p.use_authority_key_identifier_extension = true;
+        let cert = p.signed_by(&key, &self.issuer).map_err(Error::rcgen)?;
+        let mut chain = cert.pem();
+        if !self.roots_pem.contains(&self.ca_pem) {
+            chain.push_str(&self.ca_pem);
+        }
+        Ok((chain, key.serialize_pem()))
     }
 }
 
@@ -177,7 +250,8 @@ pub fn generate_root(trust_domain: &str, validity: Duration) -> Result<(String, 
 /// Write a development root into `dir` as `root-cert.pem` and `root-key.pem` (key readable by the owner only).
 pub fn write_root(dir: &Path, trust_domain: &str, validity: Duration) -> Result<(), Error> {
     let (cert, key) = generate_root(trust_domain, validity)?;
-    std::fs::create_dir_all(dir).map_err(|e| Error::Ca(format!("creating {}: {e}", dir.display())))?;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::Ca(format!("creating {}: {e}", dir.display())))?;
     std::fs::write(dir.join("root-cert.pem"), cert)
         .map_err(|e| Error::Ca(format!("writing root-cert.pem: {e}")))?;
     let key_path = dir.join("root-key.pem");

@@ -90,7 +90,9 @@ impl WorkloadCert {
         let mut chain = Vec::new();
         for pem in chain_pem {
             for der in CertificateDer::pem_slice_iter(pem.as_bytes()) {
-                chain.push(der.map_err(|e| Error::BadCertificate(format!("bad PEM in chain: {e}")))?);
+                chain.push(
+                    der.map_err(|e| Error::BadCertificate(format!("bad PEM in chain: {e}")))?,
+                );
             }
         }
         let Some(leaf) = chain.first() else {
@@ -200,7 +202,10 @@ impl WorkloadCert {
 
     /// A TLS client config presenting this certificate and accepting only a server whose URI SAN is one of
     /// `expected`.
-    pub fn client_config(&self, expected: Vec<SpiffeId>) -> Result<Arc<rustls::ClientConfig>, Error> {
+    pub fn client_config(
+        &self,
+        expected: Vec<SpiffeId>,
+    ) -> Result<Arc<rustls::ClientConfig>, Error> {
         Ok(Arc::new(tls::client_config(self, expected)?))
     }
 }
@@ -260,9 +265,15 @@ pub fn to_pem(der: &CertificateDer<'_>) -> String {
 
 /// RFC 3339 (UTC, seconds) for a time.
 pub fn rfc3339(t: SystemTime) -> String {
-    let secs = t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let secs = t
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     time::OffsetDateTime::from_unix_timestamp(i64::try_from(secs).unwrap_or(0))
         .ok()
-        .and_then(|d| d.format(&time::format_description::well_known::Rfc3339).ok())
+        .and_then(|d| {
+            d.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
         .unwrap_or_else(|| secs.to_string())
 }

@@ -1,7 +1,11 @@
-//! The secret manager: one certificate per SPIFFE identity, fetched on demand (concurrent requests coalesced into
-//! one CA call), kept in memory only, refreshed before expiry, and forgotten when no local workload needs it.
+//! The secret manager: one certificate per SPIFFE identity, kept in memory only. Concurrent requests for one
+//! identity share one CA call; CA calls are bounded in number and served by priority (a waiting connection, then
+//! a prefetch for a new local workload, then background renewals); certificates are renewed at half their
+//! lifetime plus jitter; a failed renewal is retried with exponential backoff while the current certificate keeps
+//! serving; an identity no local workload uses any more is forgotten.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -10,31 +14,52 @@ use futures_util::future::{BoxFuture, Shared};
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 use serde::Serialize;
+use tokio::sync::Notify;
 
-use crate::ca::{CaClient, CertRequest};
-use crate::cert::{CertSummary, WorkloadCert, new_csr};
-use crate::spiffe::SpiffeId;
 use crate::Error;
+use crate::ca::{CaClient, CertRequest};
+use crate::cert::{CertSummary, WorkloadCert, new_csr, rfc3339};
+use crate::sched::{Priority, PriorityCell, Scheduler};
+use crate::spiffe::SpiffeId;
 
 type Pending = Shared<BoxFuture<'static, Result<Arc<WorkloadCert>, Error>>>;
+
+struct InFlight {
+    fut: Pending,
+    priority: Arc<PriorityCell>,
+    task: tokio::task::AbortHandle,
+}
 
 #[derive(Default)]
 struct Entry {
     cert: Option<Arc<WorkloadCert>>,
-    pending: Option<Pending>,
-    last_error: Option<String>,
-    /// When the next background refresh is due.
+    pending: Option<InFlight>,
+    last_error: Option<Error>,
+    last_failure: Option<Instant>,
+    /// When the next renewal (or retry) is due.
     refresh_at: Option<Instant>,
     failures: u32,
+}
+
+impl Entry {
+    fn valid_cert(&self, now: SystemTime) -> Option<&Arc<WorkloadCert>> {
+        self.cert.as_ref().filter(|c| c.not_after() > now)
+    }
 }
 
 /// Counters for metrics.
 #[derive(Debug, Default)]
 pub struct IdentityCounters {
     /// CA calls made.
-    pub fetches: std::sync::atomic::AtomicU64,
-    /// CA calls that failed.
-    pub failures: std::sync::atomic::AtomicU64,
+    pub fetches: AtomicU64,
+    /// CA calls that failed (refused, unreachable, or an answer that did not validate).
+    pub failures: AtomicU64,
+    /// CA calls the CA refused (e.g. PermissionDenied).
+    pub refused: AtomicU64,
+    /// Certificates renewed while the previous one was still valid.
+    pub renewals: AtomicU64,
+    /// Callers that joined a CA call already in flight for the same identity instead of making their own.
+    pub coalesced: AtomicU64,
 }
 
 /// Knobs.
@@ -46,10 +71,15 @@ pub struct ManagerConfig {
     pub refresh_fraction: f64,
     /// Random extra delay before renewal, as a fraction of the lifetime (spreads a node's renewals).
     pub refresh_jitter: f64,
-    /// First retry delay after a failed renewal; doubled per failure.
+    /// First retry delay after a failed fetch; doubled per failure. A connection arriving within this delay of a
+    /// failure gets that failure at once instead of a new CA call.
     pub backoff_initial: Duration,
     /// Longest retry delay.
     pub backoff_max: Duration,
+    /// CA calls in flight at most.
+    pub max_in_flight: usize,
+    /// Deadline of one CA call (so a dead CA never holds a slot or a waiting connection forever).
+    pub ca_timeout: Duration,
 }
 
 impl Default for ManagerConfig {
@@ -60,6 +90,8 @@ impl Default for ManagerConfig {
             refresh_jitter: 0.05,
             backoff_initial: Duration::from_millis(500),
             backoff_max: Duration::from_secs(150),
+            max_in_flight: 8,
+            ca_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -70,12 +102,30 @@ impl Default for ManagerConfig {
 pub struct CertificateDump {
     /// SPIFFE id.
     pub identity: String,
-    /// Initializing | Available | Unavailable.
+    /// Initializing (first fetch under way) | Available (a valid certificate) | Unavailable (none, last fetch
+    /// failed).
     pub state: &'static str,
+    /// Leaf serial number (hex), when a certificate is held.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub serial_number: Option<String>,
+    /// Leaf not-before (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub valid_from: Option<String>,
+    /// Leaf not-after (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expiration_time: Option<String>,
     /// The chain as issued (leaf first).
     pub cert_chain: Vec<CertSummary>,
     /// Trust roots (PEM).
     pub root_certs: Vec<String>,
+    /// A CA call is in flight (or queued) for it, at this priority.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending: Option<Priority>,
+    /// Failed fetches in a row.
+    pub consecutive_failures: u32,
+    /// Next renewal or retry (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_refresh: Option<String>,
     /// The last error, if the last fetch failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
@@ -87,95 +137,172 @@ pub struct SecretManager {
     cfg: ManagerConfig,
     entries: Mutex<HashMap<SpiffeId, Entry>>,
     counters: Arc<IdentityCounters>,
+    sched: Arc<Scheduler>,
+    /// Where CA calls run: the runtime current when the manager was built (the control runtime), if any.
+    runtime: Option<tokio::runtime::Handle>,
+    /// Wakes the refresher when a renewal time changes.
+    wake: Notify,
 }
 
 impl std::fmt::Debug for SecretManager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SecretManager").field("ca", &self.ca).finish_non_exhaustive()
+        f.debug_struct("SecretManager")
+            .field("ca", &self.ca)
+            .field("sched", &self.sched)
+            .finish_non_exhaustive()
     }
 }
 
 impl SecretManager {
-    /// A manager that obtains certificates from `ca`.
+    /// A manager that obtains certificates from `ca`. CA calls run on the runtime current at this call (if any;
+    /// otherwise on the caller's runtime).
     pub fn new(ca: Arc<dyn CaClient>, cfg: ManagerConfig) -> Arc<Self> {
         Arc::new(Self {
             ca,
+            sched: Scheduler::new(cfg.max_in_flight),
             cfg,
             entries: Mutex::new(HashMap::new()),
             counters: Arc::default(),
+            runtime: tokio::runtime::Handle::try_current().ok(),
+            wake: Notify::new(),
         })
     }
 
-    /// Counters (CA calls, failures).
+    /// Counters (CA calls, failures, ...).
     pub fn counters(&self) -> &Arc<IdentityCounters> {
         &self.counters
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SpiffeId, Entry>> {
-        self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    /// (CA calls in flight, CA calls waiting for a slot).
+    pub fn ca_calls(&self) -> (usize, usize) {
+        self.sched.stats()
     }
 
-    /// The certificate for `id`: the cached one while valid, otherwise a fetch (shared with every concurrent
-    /// caller for the same identity).
+    /// The CA client.
+    pub fn ca(&self) -> &Arc<dyn CaClient> {
+        &self.ca
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SpiffeId, Entry>> {
+        self.entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The certificate for `id`, for a connection that waits for it: the cached one while valid; otherwise the
+    /// CA call in flight for it (raised to real-time priority), or a new one. Within `backoff_initial` of a failed
+    /// call it fails at once with that call's error.
     pub async fn fetch(self: &Arc<Self>, id: &SpiffeId) -> Result<Arc<WorkloadCert>, Error> {
         let pending = {
             let mut entries = self.lock();
             let e = entries.entry(id.clone()).or_default();
-            if let Some(c) = &e.cert
-                && c.not_after() > SystemTime::now()
-            {
+            if let Some(c) = e.valid_cert(SystemTime::now()) {
                 return Ok(c.clone());
             }
-            self.pending_for(id, e)
+            if let Some(p) = &e.pending {
+                p.priority.raise(Priority::RealTime);
+                self.counters.coalesced.fetch_add(1, Relaxed);
+                p.fut.clone()
+            } else if let (Some(err), Some(at)) = (&e.last_error, e.last_failure)
+                && at.elapsed() < self.cfg.backoff_initial
+            {
+                return Err(err.clone());
+            } else {
+                self.start(id, e, Priority::RealTime)
+            }
         };
         pending.await
     }
 
-    fn pending_for(self: &Arc<Self>, id: &SpiffeId, e: &mut Entry) -> Pending {
-        if let Some(p) = &e.pending {
-            return p.clone();
-        }
-        let me = self.clone();
+    /// Start a CA call for `id` (the caller checked that none is in flight). The call runs as its own task, so a
+    /// caller that gives up (a connection timing out) neither cancels it nor leaves it holding a CA slot.
+    fn start(self: &Arc<Self>, id: &SpiffeId, e: &mut Entry, prio: Priority) -> Pending {
+        let priority = PriorityCell::new(prio);
+        let work = self.clone().fetch_from_ca(id.clone(), priority.clone());
+        let handle = match &self.runtime {
+            Some(rt) => rt.spawn(work),
+            None => tokio::spawn(work),
+        };
+        let task = handle.abort_handle();
         let id2 = id.clone();
-        let fut: BoxFuture<'static, Result<Arc<WorkloadCert>, Error>> =
-            Box::pin(async move { me.fetch_from_ca(id2).await });
-        let shared = fut.shared();
-        e.pending = Some(shared.clone());
-        shared
+        let fut: BoxFuture<'static, Result<Arc<WorkloadCert>, Error>> = Box::pin(async move {
+            match handle.await {
+                Ok(r) => r,
+                Err(j) if j.is_cancelled() => Err(Error::Forgotten(id2.to_string())),
+                Err(j) => Err(Error::Ca(format!("certificate fetch task failed: {j}"))),
+            }
+        });
+        let fut = fut.shared();
+        e.pending = Some(InFlight {
+            fut: fut.clone(),
+            priority,
+            task,
+        });
+        fut
     }
 
-    async fn fetch_from_ca(self: Arc<Self>, id: SpiffeId) -> Result<Arc<WorkloadCert>, Error> {
-        use std::sync::atomic::Ordering::Relaxed;
+    async fn fetch_from_ca(
+        self: Arc<Self>,
+        id: SpiffeId,
+        prio: Arc<PriorityCell>,
+    ) -> Result<Arc<WorkloadCert>, Error> {
+        let permit = self.sched.acquire(prio.clone()).await;
         self.counters.fetches.fetch_add(1, Relaxed);
-        let result = self.issue(&id).await;
+        let result = match tokio::time::timeout(self.cfg.ca_timeout, self.issue(&id)).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::CaUnavailable(format!(
+                "no answer within {:?}",
+                self.cfg.ca_timeout
+            ))),
+        };
+        drop(permit);
         let mut entries = self.lock();
         // The identity may have been forgotten while we waited: then don't resurrect it.
         let Some(e) = entries.get_mut(&id) else {
             return result;
         };
         e.pending = None;
+        let now = SystemTime::now();
         match &result {
             Ok(cert) => {
-                tracing::info!(identity = %id, serial = cert.serial(), expires = %crate::cert::rfc3339(cert.not_after()), "certificate issued");
+                let renewal = e.valid_cert(now).is_some();
+                if renewal {
+                    self.counters.renewals.fetch_add(1, Relaxed);
+                }
                 e.refresh_at = Some(self.refresh_deadline(cert));
+                tracing::info!(identity = %id, serial = cert.serial(), expires = %rfc3339(cert.not_after()),
+                    priority = ?prio.get(), renewal, "certificate issued");
                 e.cert = Some(cert.clone());
                 e.last_error = None;
+                e.last_failure = None;
                 e.failures = 0;
             }
             Err(err) => {
                 self.counters.failures.fetch_add(1, Relaxed);
+                if matches!(err, Error::CaRefused { .. }) {
+                    self.counters.refused.fetch_add(1, Relaxed);
+                }
                 e.failures = e.failures.saturating_add(1);
-                let backoff = self
-                    .cfg
-                    .backoff_initial
-                    .saturating_mul(1u32 << e.failures.min(16).saturating_sub(1))
-                    .min(self.cfg.backoff_max);
+                let backoff = self.backoff(e.failures);
                 e.refresh_at = Some(Instant::now() + backoff);
-                e.last_error = Some(err.to_string());
-                tracing::warn!(identity = %id, error = %err, retry_in = ?backoff, "certificate fetch failed");
+                e.last_error = Some(err.clone());
+                e.last_failure = Some(Instant::now());
+                let keeps = e.valid_cert(now).map(|c| rfc3339(c.not_after()));
+                tracing::warn!(identity = %id, error = %err, retry_in = ?backoff, failures = e.failures,
+                    current_certificate_valid_until = keeps.as_deref().unwrap_or("none"), "certificate fetch failed");
             }
         }
+        drop(entries);
+        self.wake.notify_one();
         result
+    }
+
+    fn backoff(&self, failures: u32) -> Duration {
+        let doublings = failures.clamp(1, 17) - 1;
+        self.cfg
+            .backoff_initial
+            .saturating_mul(1u32 << doublings)
+            .min(self.cfg.backoff_max)
     }
 
     async fn issue(&self, id: &SpiffeId) -> Result<Arc<WorkloadCert>, Error> {
@@ -200,74 +327,96 @@ impl SecretManager {
         )?))
     }
 
+    /// Renewal time: `refresh_fraction` (+ jitter) of the lifetime left when the certificate arrived. Measured from
+    /// arrival rather than not-before, since CAs back-date not-before for clock skew.
     fn refresh_deadline(&self, cert: &WorkloadCert) -> Instant {
-        let life = cert
-            .not_after()
-            .duration_since(cert.not_before())
-            .unwrap_or_default();
+        let now = SystemTime::now();
+        let start = cert.not_before().max(now);
+        let life = cert.not_after().duration_since(start).unwrap_or_default();
         let jitter = self.cfg.refresh_jitter * rand::random::<f64>();
-        let at = life.mul_f64((self.cfg.refresh_fraction + jitter).min(0.95));
-        let elapsed = SystemTime::now()
-            .duration_since(cert.not_before())
-            .unwrap_or_default();
-        Instant::now() + at.saturating_sub(elapsed)
+        let fraction = (self.cfg.refresh_fraction + jitter).clamp(0.0, 0.95);
+        Instant::now() + life.mul_f64(fraction)
     }
 
-    /// Start fetching `id` in the background (a new local workload) without waiting.
+    /// Start fetching `id` (a new local workload) at warm-up priority without waiting.
     pub fn prefetch(self: &Arc<Self>, id: &SpiffeId) {
-        let me = self.clone();
-        let id = id.clone();
-        tokio::spawn(async move {
-            let _ = me.fetch(&id).await;
-        });
+        let mut entries = self.lock();
+        let e = entries.entry(id.clone()).or_default();
+        if e.pending.is_none() && e.valid_cert(SystemTime::now()).is_none() {
+            drop(self.start(id, e, Priority::Warmup));
+        }
     }
 
-    /// Keep only `wanted` identities (those with a workload on this node); forget the rest and prefetch the new.
+    /// Keep only `wanted` identities (those with a workload on this node): forget the rest (cancelling their CA
+    /// calls) and prefetch the new ones.
     pub fn retain(self: &Arc<Self>, wanted: &HashSet<SpiffeId>) {
         let new: Vec<SpiffeId> = {
             let mut entries = self.lock();
-            entries.retain(|id, _| {
+            entries.retain(|id, e| {
                 let keep = wanted.contains(id);
                 if !keep {
                     tracing::info!(identity = %id, "forgetting certificate: no local workload uses it");
+                    if let Some(p) = &e.pending {
+                        p.task.abort();
+                    }
                 }
                 keep
             });
-            wanted.iter().filter(|id| !entries.contains_key(*id)).cloned().collect()
+            wanted
+                .iter()
+                .filter(|id| !entries.contains_key(*id))
+                .cloned()
+                .collect()
         };
         for id in new {
             self.prefetch(&id);
         }
     }
 
-    /// Renew certificates whose refresh time has come; the old certificate keeps serving meanwhile.
-    pub fn refresh_due(self: &Arc<Self>) {
+    /// Renew certificates (and retry failed fetches) whose time has come; a current certificate keeps serving
+    /// meanwhile. Returns when the next one is due.
+    pub fn refresh_due(self: &Arc<Self>) -> Option<Instant> {
         let now = Instant::now();
-        let due: Vec<Pending> = {
-            let mut entries = self.lock();
-            let ids: Vec<SpiffeId> = entries
-                .iter()
-                .filter(|(_, e)| e.pending.is_none() && e.refresh_at.is_some_and(|t| t <= now))
-                .map(|(id, _)| id.clone())
-                .collect();
-            ids.iter()
-                .filter_map(|id| entries.get_mut(id).map(|e| self.pending_for(id, e)))
-                .collect()
-        };
-        for p in due {
-            tokio::spawn(p);
+        let wall = SystemTime::now();
+        let mut next: Option<Instant> = None;
+        let mut entries = self.lock();
+        let ids: Vec<SpiffeId> = entries.keys().cloned().collect();
+        for id in ids {
+            let Some(e) = entries.get_mut(&id) else {
+                continue;
+            };
+            if e.pending.is_some() {
+                continue;
+            }
+            match e.refresh_at {
+                Some(t) if t <= now => {
+                    let prio = if e.valid_cert(wall).is_some() {
+                        Priority::Background
+                    } else {
+                        Priority::Warmup
+                    };
+                    drop(self.start(&id, e, prio));
+                }
+                Some(t) => next = Some(next.map_or(t, |n| n.min(t))),
+                None => {}
+            }
         }
+        next
     }
 
-    /// Run `refresh_due` every `tick` until the returned task is aborted.
+    /// Run `refresh_due` whenever a renewal is due (checked at least every `tick`) until the task is aborted.
     pub fn spawn_refresher(self: &Arc<Self>, tick: Duration) -> tokio::task::JoinHandle<()> {
         let me = self.clone();
         tokio::spawn(async move {
-            let mut iv = tokio::time::interval(tick);
-            iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                iv.tick().await;
-                me.refresh_due();
+                let next = me.refresh_due();
+                let until = next
+                    .unwrap_or_else(|| Instant::now() + tick)
+                    .min(Instant::now() + tick);
+                tokio::select! {
+                    () = tokio::time::sleep_until(until.into()) => {}
+                    () = me.wake.notified() => {}
+                }
             }
         })
     }
@@ -275,30 +424,46 @@ impl SecretManager {
     /// State of every identity, for `/config_dump`.
     pub fn dump(&self) -> Vec<CertificateDump> {
         let entries = self.lock();
+        let now = SystemTime::now();
+        let inow = Instant::now();
         let mut out: Vec<CertificateDump> = entries
             .iter()
-            .map(|(id, e)| CertificateDump {
-                identity: id.to_string(),
-                state: match (&e.cert, &e.last_error) {
+            .map(|(id, e)| {
+                let valid = e.valid_cert(now);
+                let state = match (valid, &e.pending) {
                     (Some(_), _) => "Available",
-                    (None, Some(_)) => "Unavailable",
+                    (None, Some(_)) => "Initializing",
+                    (None, None) if e.last_error.is_some() => "Unavailable",
                     (None, None) => "Initializing",
-                },
-                cert_chain: e.cert.as_ref().map(|c| c.summaries().to_vec()).unwrap_or_default(),
-                root_certs: e.cert.as_ref().map(|c| c.root_pems().to_vec()).unwrap_or_default(),
-                last_error: e.last_error.clone(),
+                };
+                let cert = e.cert.as_ref();
+                CertificateDump {
+                    identity: id.to_string(),
+                    state,
+                    serial_number: cert.map(|c| c.serial().to_owned()),
+                    valid_from: cert.map(|c| rfc3339(c.not_before())),
+                    expiration_time: cert.map(|c| rfc3339(c.not_after())),
+                    cert_chain: cert.map(|c| c.summaries().to_vec()).unwrap_or_default(),
+                    root_certs: cert.map(|c| c.root_pems().to_vec()).unwrap_or_default(),
+                    pending: e.pending.as_ref().map(|p| p.priority.get()),
+                    consecutive_failures: e.failures,
+                    next_refresh: e
+                        .refresh_at
+                        .map(|t| rfc3339(now + t.saturating_duration_since(inow))),
+                    last_error: e.last_error.as_ref().map(ToString::to_string),
+                }
             })
             .collect();
         out.sort_by(|a, b| a.identity.cmp(&b.identity));
         out
     }
 
-    /// Seconds until the soonest certificate expires (None with no certificate).
+    /// Time until the soonest valid certificate expires (None with no valid certificate).
     pub fn soonest_expiry(&self) -> Option<Duration> {
         let now = SystemTime::now();
         self.lock()
             .values()
-            .filter_map(|e| e.cert.as_ref().map(|c| c.remaining(now)))
+            .filter_map(|e| e.valid_cert(now).map(|c| c.remaining(now)))
             .min()
     }
 }
@@ -319,3 +484,7 @@ pub fn root_store(pems: &[String]) -> Result<rustls::RootCertStore, Error> {
     }
     Ok(store)
 }
+
+#[cfg(test)]
+#[path = "manager_tests.rs"]
+mod tests;

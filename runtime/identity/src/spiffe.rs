@@ -95,6 +95,7 @@ impl fmt::Display for SpiffeId {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]

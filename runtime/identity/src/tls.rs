@@ -12,9 +12,9 @@ use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
 use rustls::{CertificateError, DistinguishedName, OtherError, SignatureScheme};
 
+use crate::Error;
 use crate::cert::{WorkloadCert, parse_leaf};
 use crate::spiffe::SpiffeId;
-use crate::Error;
 
 /// ALPN protocol spoken over HBONE.
 pub const ALPN_H2: &[u8] = b"h2";

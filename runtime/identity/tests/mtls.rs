@@ -1,4 +1,5 @@
 //! Mutual TLS between two workload certificates issued by the local CA: identities checked both ways.
+#![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,7 +41,10 @@ async fn handshake(
     let connector = TlsConnector::from(client.client_config(vec![expect]).unwrap());
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let name = rustls::pki_types::ServerName::try_from("weft.invalid").unwrap();
-    let mut tls = connector.connect(name, tcp).await.map_err(|e| e.to_string())?;
+    let mut tls = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())?;
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
     tls.write_all(b"ping").await.unwrap();
     let mut b = [0u8; 4];
@@ -62,33 +66,76 @@ async fn mutual_tls_identities_verified() {
     // The same identity is cached, not reissued.
     let again = m.fetch(&a).await.unwrap();
     assert!(Arc::ptr_eq(&ca, &again));
-    assert_eq!(m.counters().fetches.load(std::sync::atomic::Ordering::Relaxed), 2);
+    assert_eq!(
+        m.counters()
+            .fetches
+            .load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
 }
 
 #[tokio::test]
 async fn client_refuses_server_with_unexpected_identity() {
     let m = manager("cluster.local");
-    let client = m.fetch(&id("spiffe://cluster.local/ns/default/sa/client")).await.unwrap();
-    let imposter = m.fetch(&id("spiffe://cluster.local/ns/other/sa/imposter")).await.unwrap();
-    let err = handshake(imposter, client, id("spiffe://cluster.local/ns/default/sa/server"))
+    let client = m
+        .fetch(&id("spiffe://cluster.local/ns/default/sa/client"))
         .await
-        .unwrap_err();
-    assert!(err.contains("WrongIdentity") && err.contains("imposter"), "{err}");
+        .unwrap();
+    let imposter = m
+        .fetch(&id("spiffe://cluster.local/ns/other/sa/imposter"))
+        .await
+        .unwrap();
+    let err = handshake(
+        imposter,
+        client,
+        id("spiffe://cluster.local/ns/default/sa/server"),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        err.contains("WrongIdentity") && err.contains("imposter"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
 async fn server_refuses_client_from_other_trust_domain_or_root() {
     // Same root, other trust domain.
     let m = manager("cluster.local");
-    let server = m.fetch(&id("spiffe://cluster.local/ns/default/sa/server")).await.unwrap();
-    let foreign = m.fetch(&id("spiffe://other.domain/ns/default/sa/client")).await.unwrap();
-    let r = handshake(server.clone(), foreign, id("spiffe://cluster.local/ns/default/sa/server")).await;
-    assert!(r.is_err(), "a client from another trust domain must be refused: {r:?}");
+    let server = m
+        .fetch(&id("spiffe://cluster.local/ns/default/sa/server"))
+        .await
+        .unwrap();
+    let foreign = m
+        .fetch(&id("spiffe://other.domain/ns/default/sa/client"))
+        .await
+        .unwrap();
+    let r = handshake(
+        server.clone(),
+        foreign,
+        id("spiffe://cluster.local/ns/default/sa/server"),
+    )
+    .await;
+    assert!(
+        r.is_err(),
+        "a client from another trust domain must be refused: {r:?}"
+    );
     // Another root entirely: the server's chain does not verify for the client either.
     let other = manager("cluster.local");
-    let stranger = other.fetch(&id("spiffe://cluster.local/ns/default/sa/client")).await.unwrap();
-    let r = handshake(server, stranger, id("spiffe://cluster.local/ns/default/sa/server")).await;
-    assert!(r.is_err(), "a client with another root must be refused: {r:?}");
+    let stranger = other
+        .fetch(&id("spiffe://cluster.local/ns/default/sa/client"))
+        .await
+        .unwrap();
+    let r = handshake(
+        server,
+        stranger,
+        id("spiffe://cluster.local/ns/default/sa/server"),
+    )
+    .await;
+    assert!(
+        r.is_err(),
+        "a client with another root must be refused: {r:?}"
+    );
 }
 
 #[tokio::test]
@@ -106,7 +153,12 @@ async fn concurrent_fetches_make_one_ca_call() {
         serials.insert(t.await.unwrap().serial().to_owned());
     }
     assert_eq!(serials.len(), 1);
-    assert_eq!(m.counters().fetches.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(
+        m.counters()
+            .fetches
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
     let dump = m.dump();
     assert_eq!(dump.len(), 1);
     assert_eq!(dump[0].state, "Available");
@@ -121,7 +173,11 @@ fn ca_refuses_csr_for_another_identity() {
     let ca = LocalCa::from_pem(&cert, &key, vec![]).unwrap();
     let csr = weft_identity::cert::new_csr(&id("spiffe://cluster.local/ns/a/sa/b")).unwrap();
     let err = ca
-        .sign_csr(&id("spiffe://cluster.local/ns/a/sa/c"), &csr.csr_pem, Duration::from_secs(60))
+        .sign_csr(
+            &id("spiffe://cluster.local/ns/a/sa/c"),
+            &csr.csr_pem,
+            Duration::from_secs(60),
+        )
         .unwrap_err();
     assert!(err.to_string().contains("exactly the SAN"), "{err}");
 }

@@ -1,6 +1,6 @@
 //! Test fixtures: the reference CA in process on loopback, and a fake Kubernetes API server that speaks the
 //! TokenReview and Pod JSON.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used)]
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -77,13 +77,23 @@ impl TestCa {
         let tokens = dir.path().join("tokens.yaml");
         std::fs::write(&tokens, TOKENS).unwrap();
         let mesh_file = dir.path().join("mesh.yaml");
-        std::fs::write(&mesh_file, mesh_yaml(&[("client", "node-a"), ("echo", "node-b")])).unwrap();
+        std::fs::write(
+            &mesh_file,
+            mesh_yaml(&[("client", "node-a"), ("echo", "node-b")]),
+        )
+        .unwrap();
         let workloads = Arc::new(StateStore::new());
         weft_state::load_into(&mesh_file, &workloads).unwrap();
-        let _ = weft_state::watch_file(mesh_file.clone(), workloads.clone(), Duration::from_millis(20));
+        drop(weft_state::watch_file(
+            mesh_file.clone(),
+            workloads.clone(),
+            Duration::from_millis(20),
+        ));
         let ca = Arc::new(LocalCa::from_dir(&ca_dir).unwrap());
         let rogue = fault.map(|_| {
-            let (c, k) = weft_identity::ca::generate_root("cluster.local", Duration::from_secs(3600)).unwrap();
+            let (c, k) =
+                weft_identity::ca::generate_root("cluster.local", Duration::from_secs(3600))
+                    .unwrap();
             Arc::new(LocalCa::from_pem(&c, &k, vec![]).unwrap())
         });
         let tls = weft_ca_server::server_tls(&ca, &["127.0.0.1".to_owned()]).unwrap();
@@ -101,10 +111,22 @@ impl TestCa {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(weft_ca_server::serve(listener, tls, service.clone(), async move {
-            let _ = stopped.await;
-        }));
-        Self { dir, addr, service, root_file, mesh_file, stop: Some(stop) }
+        tokio::spawn(weft_ca_server::serve(
+            listener,
+            tls,
+            service.clone(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Self {
+            dir,
+            addr,
+            service,
+            root_file,
+            mesh_file,
+            stop: Some(stop),
+        }
     }
 
     /// Rewrite the CA's workload source: (service account, node) per workload, namespace `default`.
@@ -134,7 +156,9 @@ impl TestCa {
 }
 
 fn fxhash(s: &str) -> u64 {
-    s.bytes().fold(0xcbf29ce484222325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100000001b3))
+    s.bytes().fold(0xcbf29ce484222325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
+    })
 }
 
 /// A mesh config with one HBONE workload per (service account, node).
@@ -181,7 +205,9 @@ impl FakeKubeApi {
         let st = state.clone();
         tokio::spawn(async move {
             loop {
-                let Ok((tcp, _)) = listener.accept().await else { return };
+                let Ok((tcp, _)) = listener.accept().await else {
+                    return;
+                };
                 let st = st.clone();
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req| handle(st.clone(), req));
@@ -191,7 +217,12 @@ impl FakeKubeApi {
                 });
             }
         });
-        Self { url, ca_token_file, state, _dir: dir }
+        Self {
+            url,
+            ca_token_file,
+            state,
+            _dir: dir,
+        }
     }
 
     pub fn reviews(&self) -> Vec<Value> {
@@ -224,10 +255,16 @@ async fn handle(
     st: Arc<Mutex<ApiState>>,
     req: http::Request<hyper::body::Incoming>,
 ) -> Result<http::Response<Full<Bytes>>, Infallible> {
-    let authorized = req.headers().get("authorization").and_then(|v| v.to_str().ok())
+    let authorized = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
         == Some(&format!("Bearer {CA_OWN_TOKEN}"));
     if !authorized {
-        return reply(401, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "Unauthorized", "reason": "Unauthorized", "code": 401}));
+        return reply(
+            401,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "Unauthorized", "reason": "Unauthorized", "code": 401}),
+        );
     }
     st.lock().unwrap().saw_ca_token = true;
     let (method, path) = (req.method().clone(), req.uri().path().to_owned());
@@ -239,30 +276,44 @@ async fn handle(
             let token = review["spec"]["token"].as_str().unwrap_or("");
             let wanted = review["spec"]["audiences"].clone();
             let status = match token {
-                TOKEN_NODE_A => json!({"authenticated": true, "audiences": wanted, "user": user("node-a", json!({
-                    "authentication.kubernetes.io/credential-id": ["JTI=1"],
-                    "authentication.kubernetes.io/node-name": ["node-a"],
-                    "authentication.kubernetes.io/node-uid": ["node-uid-a"],
-                    "authentication.kubernetes.io/pod-name": ["weft-a"],
-                    "authentication.kubernetes.io/pod-uid": ["pod-uid-a"],
-                }))}),
-                TOKEN_POD_ON_B => json!({"authenticated": true, "audiences": wanted, "user": user("node-b", json!({
-                    "authentication.kubernetes.io/pod-name": ["weft-b"],
-                    "authentication.kubernetes.io/pod-uid": ["pod-uid-b"],
-                }))}),
-                TOKEN_OTHER_AUDIENCE => json!({"user": {}, "error": format!("[invalid bearer token, token audiences [\"vault\"] is invalid for the target audiences {wanted}]")}),
-                _ => json!({"user": {}, "error": "[invalid bearer token, service account token has expired]"}),
+                TOKEN_NODE_A => {
+                    json!({"authenticated": true, "audiences": wanted, "user": user("node-a", json!({
+                        "authentication.kubernetes.io/credential-id": ["JTI=1"],
+                        "authentication.kubernetes.io/node-name": ["node-a"],
+                        "authentication.kubernetes.io/node-uid": ["node-uid-a"],
+                        "authentication.kubernetes.io/pod-name": ["weft-a"],
+                        "authentication.kubernetes.io/pod-uid": ["pod-uid-a"],
+                    }))})
+                }
+                TOKEN_POD_ON_B => {
+                    json!({"authenticated": true, "audiences": wanted, "user": user("node-b", json!({
+                        "authentication.kubernetes.io/pod-name": ["weft-b"],
+                        "authentication.kubernetes.io/pod-uid": ["pod-uid-b"],
+                    }))})
+                }
+                TOKEN_OTHER_AUDIENCE => {
+                    json!({"user": {}, "error": format!("[invalid bearer token, token audiences [\"vault\"] is invalid for the target audiences {wanted}]")})
+                }
+                _ => {
+                    json!({"user": {}, "error": "[invalid bearer token, service account token has expired]"})
+                }
             };
             let mut out = review;
             out["metadata"] = json!({"creationTimestamp": null});
             out["status"] = status;
             reply(201, out)
         }
-        ("GET", "/api/v1/namespaces/weft-system/pods/weft-b") => reply(200, json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "weft-b", "namespace": "weft-system", "uid": "pod-uid-b"},
-            "spec": {"nodeName": "node-b", "serviceAccountName": "node-b"},
-        })),
-        _ => reply(404, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": format!("{path} not found"), "reason": "NotFound", "code": 404})),
+        ("GET", "/api/v1/namespaces/weft-system/pods/weft-b") => reply(
+            200,
+            json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "weft-b", "namespace": "weft-system", "uid": "pod-uid-b"},
+                "spec": {"nodeName": "node-b", "serviceAccountName": "node-b"},
+            }),
+        ),
+        _ => reply(
+            404,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": format!("{path} not found"), "reason": "NotFound", "code": 404}),
+        ),
     }
 }

@@ -1,0 +1,688 @@
+//! The L4 authorization engine: Istio's `istio.security.Authorization` policies indexed by where they apply, and
+//! the decision ztunnel makes for one inbound connection (`src/rbac.rs` and `assert_rbac` in `src/state.rs` of
+//! istio/ztunnel).
+//!
+//! This module uses `std` only (no SDK types), so the host-side benchmark can compile the very same code natively
+//! and compare it with the plugin running in the sandbox.
+//!
+//! Semantics, as ztunnel enforces them:
+//! - Policies for a destination workload: the global ones, those of its namespace (scope NAMESPACE), and the ones
+//!   the workload lists by `namespace/name` (any scope; unknown names are skipped). WORKLOAD_SELECTOR policies only
+//!   apply through that list.
+//! - Order: matching dry-run DENYs are reported; an enforced DENY that matches denies ("explicitly denied by:
+//!   ns/name"); dry-run ALLOWs are reported; no enforced ALLOW → allow; an enforced ALLOW that matches → allow;
+//!   otherwise deny ("allow policies exist, but none allowed").
+//! - Matching: no rules → no match; rules OR; clauses in a rule AND (a rule without clauses matches, a clause
+//!   without matches is true); matches in a clause OR, a match with every list empty is skipped; inside a match
+//!   each field kind ANDs, the values of one kind OR; a kind passes when (positive empty or any matches) and
+//!   (negative empty or none matches).
+//! - Principals: the identity with `spiffe://` stripped (no identity, or no `spiffe://` prefix: no principal
+//!   matches). Namespaces: the identity's namespace (empty without identity). Service accounts: namespace and
+//!   name, trust domain ignored; no identity never matches. IPs: CIDR containment (IPv4-mapped IPv6 addresses
+//!   count as IPv4). Ports: the destination (target) port.
+//! - A policy key appearing twice: the last one wins (ztunnel's store is keyed by `namespace/name`).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::net::{IpAddr, SocketAddr};
+
+/// A fast, non-keyed hasher (rustc's Fx) for the index's maps: their keys come from the control plane, not from
+/// peers, so collision flooding is not a concern, and SipHash would dominate a decision's cost.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct FxHasher(u64);
+
+const FX_SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+
+impl FxHasher {
+    #[inline]
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(FX_SEED);
+    }
+}
+
+impl Hasher for FxHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            self.add(u64::from_le_bytes(w));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut w = [0u8; 8];
+            w[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(w));
+        }
+    }
+
+    #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.add(u64::from(i));
+    }
+
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+
+/// Where a policy applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Every workload (policies of the root namespace).
+    Global,
+    /// Every workload of the policy's namespace.
+    Namespace,
+    /// The workloads that list the policy.
+    WorkloadSelector,
+}
+
+/// What a matching policy does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Allow (and deny what no ALLOW matches, once one applies).
+    Allow,
+    /// Deny.
+    Deny,
+}
+
+impl Action {
+    /// Lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Allow => "allow",
+            Action::Deny => "deny",
+        }
+    }
+}
+
+/// A string match on a principal or a namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StrMatch {
+    /// Equal.
+    Exact(String),
+    /// Starts with.
+    Prefix(String),
+    /// Ends with.
+    Suffix(String),
+    /// Non-empty.
+    Presence,
+}
+
+impl StrMatch {
+    fn matches(&self, s: &str) -> bool {
+        match self {
+            StrMatch::Exact(x) => s == x,
+            StrMatch::Prefix(x) => s.starts_with(x.as_str()),
+            StrMatch::Suffix(x) => s.ends_with(x.as_str()),
+            StrMatch::Presence => !s.is_empty(),
+        }
+    }
+}
+
+/// A service-account match (trust domain ignored).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SaMatch {
+    /// Namespace.
+    pub namespace: String,
+    /// Service account.
+    pub service_account: String,
+}
+
+/// An IP range, pre-masked for a cheap containment test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Net {
+    /// IPv4 network and mask.
+    V4(u32, u32),
+    /// IPv6 network and mask.
+    V6(u128, u128),
+}
+
+impl Net {
+    /// A range from an address and a prefix length (clamped to the family's width).
+    pub fn new(addr: IpAddr, prefix_len: u8) -> Self {
+        match addr {
+            IpAddr::V4(a) => {
+                let len = u32::from(prefix_len.min(32));
+                let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
+                Net::V4(u32::from(a) & mask, mask)
+            }
+            IpAddr::V6(a) => {
+                let len = u32::from(prefix_len.min(128));
+                let mask = u128::MAX.checked_shl(128 - len).unwrap_or(0);
+                Net::V6(u128::from(a) & mask, mask)
+            }
+        }
+    }
+
+    fn contains(&self, ip: &Ip) -> bool {
+        match (*self, *ip) {
+            (Net::V4(net, mask), Ip::V4(a)) => a & mask == net,
+            (Net::V6(net, mask), Ip::V6(a)) => a & mask == net,
+            _ => false,
+        }
+    }
+}
+
+/// One match: field kinds AND, values of one kind OR, empty lists pass.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Match {
+    /// Source namespaces.
+    pub namespaces: Vec<StrMatch>,
+    /// Negated source namespaces.
+    pub not_namespaces: Vec<StrMatch>,
+    /// Source principals (without `spiffe://`).
+    pub principals: Vec<StrMatch>,
+    /// Negated source principals.
+    pub not_principals: Vec<StrMatch>,
+    /// Source service accounts.
+    pub service_accounts: Vec<SaMatch>,
+    /// Negated source service accounts.
+    pub not_service_accounts: Vec<SaMatch>,
+    /// Source IP ranges.
+    pub source_ips: Vec<Net>,
+    /// Negated source IP ranges.
+    pub not_source_ips: Vec<Net>,
+    /// Destination IP ranges.
+    pub destination_ips: Vec<Net>,
+    /// Negated destination IP ranges.
+    pub not_destination_ips: Vec<Net>,
+    /// Destination ports.
+    pub destination_ports: Vec<u16>,
+    /// Negated destination ports.
+    pub not_destination_ports: Vec<u16>,
+}
+
+impl Match {
+    fn is_empty(&self) -> bool {
+        self.namespaces.is_empty()
+            && self.not_namespaces.is_empty()
+            && self.principals.is_empty()
+            && self.not_principals.is_empty()
+            && self.service_accounts.is_empty()
+            && self.not_service_accounts.is_empty()
+            && self.source_ips.is_empty()
+            && self.not_source_ips.is_empty()
+            && self.destination_ips.is_empty()
+            && self.not_destination_ips.is_empty()
+            && self.destination_ports.is_empty()
+            && self.not_destination_ports.is_empty()
+    }
+
+    fn matches(&self, c: &Conn<'_>) -> bool {
+        // Every kind must pass; cheapest first (the result does not depend on the order).
+        kind(&self.destination_ports, &self.not_destination_ports, |p| {
+            *p == c.dst_port
+        }) && kind(&self.destination_ips, &self.not_destination_ips, |n| {
+            n.contains(&c.dst)
+        }) && kind(&self.source_ips, &self.not_source_ips, |n| {
+            n.contains(&c.src)
+        }) && kind(&self.service_accounts, &self.not_service_accounts, |m| {
+            c.peer
+                .sa
+                .is_some_and(|(ns, sa)| ns == m.namespace && sa == m.service_account)
+        }) && kind(&self.principals, &self.not_principals, |m| {
+            c.peer.principal.is_some_and(|p| m.matches(p))
+        }) && kind(&self.namespaces, &self.not_namespaces, |m| {
+            m.matches(c.peer.namespace)
+        })
+    }
+}
+
+/// One field kind: (positive empty or any matches) and (negative empty or none matches).
+#[inline]
+fn kind<T>(positive: &[T], negative: &[T], mut f: impl FnMut(&T) -> bool) -> bool {
+    (positive.is_empty() || positive.iter().any(&mut f)) && !negative.iter().any(f)
+}
+
+/// An authorization policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Name.
+    pub name: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Scope.
+    pub scope: Scope,
+    /// Action.
+    pub action: Action,
+    /// Only report what it would do.
+    pub dry_run: bool,
+    /// Rules (OR) → clauses (AND) → matches (OR).
+    pub rules: Vec<Vec<Vec<Match>>>,
+}
+
+impl Policy {
+    /// Whether the policy matches the connection.
+    pub fn matches(&self, c: &Conn<'_>) -> bool {
+        // No rules: never matches. A rule without clauses: matches.
+        self.rules.iter().any(|rule| {
+            rule.iter().all(|clause| {
+                clause.is_empty() || clause.iter().any(|m| !m.is_empty() && m.matches(c))
+            })
+        })
+    }
+}
+
+/// A policy as indexed, with its `namespace/name` key.
+#[derive(Debug)]
+struct Indexed {
+    key: String,
+    policy: Policy,
+}
+
+/// The policies of one bucket (a namespace, or the global ones), split by what they do.
+#[derive(Debug, Default)]
+struct Group {
+    deny: Vec<u32>,
+    allow: Vec<u32>,
+    dry_deny: Vec<u32>,
+    dry_allow: Vec<u32>,
+}
+
+impl Group {
+    fn push(&mut self, i: u32, p: &Policy) {
+        match (p.action, p.dry_run) {
+            (Action::Deny, false) => self.deny.push(i),
+            (Action::Allow, false) => self.allow.push(i),
+            (Action::Deny, true) => self.dry_deny.push(i),
+            (Action::Allow, true) => self.dry_allow.push(i),
+        }
+    }
+}
+
+/// The peer identity as matching needs it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Peer<'a> {
+    /// The identity without `spiffe://` (none: no identity, or not a `spiffe://` URI).
+    pub principal: Option<&'a str>,
+    /// The identity's namespace (empty without an Istio identity).
+    pub namespace: &'a str,
+    /// The identity's namespace and service account.
+    pub sa: Option<(&'a str, &'a str)>,
+}
+
+impl<'a> Peer<'a> {
+    /// Parses a peer identity (`spiffe://<td>/ns/<ns>/sa/<sa>`); `None` is a connection without identity.
+    pub fn parse(identity: Option<&'a str>) -> Self {
+        let Some(principal) = identity.and_then(|s| s.strip_prefix("spiffe://")) else {
+            return Peer::default();
+        };
+        let mut parts = principal.split('/');
+        let sa = match (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        ) {
+            (Some(td), Some("ns"), Some(ns), Some("sa"), Some(sa), None)
+                if !td.is_empty() && !ns.is_empty() && !sa.is_empty() =>
+            {
+                Some((ns, sa))
+            }
+            _ => None,
+        };
+        Peer {
+            principal: Some(principal),
+            namespace: sa.map_or("", |(ns, _)| ns),
+            sa,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Ip {
+    V4(u32),
+    V6(u128),
+}
+
+impl From<IpAddr> for Ip {
+    fn from(ip: IpAddr) -> Self {
+        match ip {
+            IpAddr::V4(a) => Ip::V4(u32::from(a)),
+            IpAddr::V6(a) => match a.to_ipv4_mapped() {
+                Some(v4) => Ip::V4(u32::from(v4)),
+                None => Ip::V6(u128::from(a)),
+            },
+        }
+    }
+}
+
+/// A connection as matching needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct Conn<'a> {
+    src: Ip,
+    dst: Ip,
+    dst_port: u16,
+    peer: Peer<'a>,
+}
+
+impl<'a> Conn<'a> {
+    /// A connection from `src` to `dst` (the workload's real target address), with the peer's verified identity
+    /// (none for plaintext).
+    pub fn new(src: SocketAddr, dst: SocketAddr, identity: Option<&'a str>) -> Self {
+        Conn {
+            src: src.ip().into(),
+            dst: dst.ip().into(),
+            dst_port: dst.port(),
+            peer: Peer::parse(identity),
+        }
+    }
+}
+
+/// Why a connection was denied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Denial {
+    /// An enforced DENY policy matched (its `namespace/name`).
+    Explicit(String),
+    /// ALLOW policies apply and none matched.
+    NotAllowed,
+}
+
+impl fmt::Display for Denial {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // ztunnel's wording (`AuthorizationRejectionError`).
+        match self {
+            Denial::Explicit(key) => write!(f, "explicitly denied by: {key}"),
+            Denial::NotAllowed => f.write_str("allow policies exist, but none allowed"),
+        }
+    }
+}
+
+/// Receives what dry-run policies would have done.
+pub trait DryRun {
+    /// A dry-run policy (`key`) with `action` matched the connection.
+    fn matched(&mut self, key: &str, action: Action);
+    /// Dry-run ALLOW policies apply, no enforced ALLOW does, and none of them matched: the connection is allowed
+    /// but would be denied if they were enforced.
+    fn no_allow_matched(&mut self);
+}
+
+/// Ignores dry-run results.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct IgnoreDryRun;
+
+impl DryRun for IgnoreDryRun {
+    fn matched(&mut self, _key: &str, _action: Action) {}
+    fn no_allow_matched(&mut self) {}
+}
+
+/// The policy set, indexed by where policies apply.
+#[derive(Debug, Default)]
+pub struct Index {
+    policies: Vec<Indexed>,
+    by_key: FxMap<String, u32>,
+    global: Group,
+    by_namespace: FxMap<String, Group>,
+}
+
+impl Index {
+    /// Indexes a policy set (a later policy with the same `namespace/name` replaces an earlier one).
+    pub fn build(policies: Vec<Policy>) -> Self {
+        let mut index = Index {
+            policies: Vec::with_capacity(policies.len()),
+            by_key: FxMap::with_capacity_and_hasher(policies.len(), Default::default()),
+            ..Index::default()
+        };
+        for policy in policies {
+            let key = format!("{}/{}", policy.namespace, policy.name);
+            let item = Indexed { key, policy };
+            match index.by_key.get(&item.key) {
+                Some(&i) => index.policies[i as usize] = item,
+                None => {
+                    let i = index.policies.len() as u32;
+                    index.by_key.insert(item.key.clone(), i);
+                    index.policies.push(item);
+                }
+            }
+        }
+        for (i, item) in index.policies.iter().enumerate() {
+            let p = &item.policy;
+            match p.scope {
+                Scope::Global => index.global.push(i as u32, p),
+                Scope::Namespace => index
+                    .by_namespace
+                    .entry(p.namespace.clone())
+                    .or_default()
+                    .push(i as u32, p),
+                Scope::WorkloadSelector => {}
+            }
+        }
+        index
+    }
+
+    /// How many policies are indexed.
+    pub fn len(&self) -> usize {
+        self.policies.len()
+    }
+
+    /// Whether no policy is indexed (then every connection is allowed).
+    pub fn is_empty(&self) -> bool {
+        self.policies.is_empty()
+    }
+
+    /// Whether the policy `key` (`namespace/name`) is known.
+    pub fn contains(&self, key: &str) -> bool {
+        self.by_key.contains_key(key)
+    }
+
+    fn policy(&self, i: u32) -> &Indexed {
+        &self.policies[i as usize]
+    }
+
+    /// The enforced and dry-run policies, of one action, that apply to a workload: its namespace's, the global
+    /// ones, then those it lists.
+    fn applicable<'s>(
+        &'s self,
+        ns: Option<&'s Group>,
+        selected: &'s [u32],
+        action: Action,
+        dry_run: bool,
+    ) -> impl Iterator<Item = &'s Indexed> + 's {
+        let pick = move |g: &'s Group| -> &'s [u32] {
+            match (action, dry_run) {
+                (Action::Deny, false) => &g.deny,
+                (Action::Allow, false) => &g.allow,
+                (Action::Deny, true) => &g.dry_deny,
+                (Action::Allow, true) => &g.dry_allow,
+            }
+        };
+        ns.into_iter()
+            .flat_map(move |g| pick(g).iter())
+            .chain(pick(&self.global).iter())
+            .map(move |&i| self.policy(i))
+            .chain(
+                selected
+                    .iter()
+                    .map(move |&i| self.policy(i))
+                    .filter(move |p| p.policy.action == action && p.policy.dry_run == dry_run),
+            )
+    }
+
+    /// Decides on one inbound connection to a workload of namespace `namespace` (none: the destination workload
+    /// is unknown, only global policies apply) that lists the policies `selected` (`namespace/name`).
+    pub fn decide(
+        &self,
+        conn: &Conn<'_>,
+        namespace: Option<&str>,
+        selected: &[String],
+        dry: &mut impl DryRun,
+    ) -> Result<(), Denial> {
+        if self.policies.is_empty() {
+            return Ok(());
+        }
+        let ns = namespace.and_then(|n| self.by_namespace.get(n));
+        // The listed policies, resolved once (unknown names are skipped, as ztunnel does).
+        let mut buf = [0u32; 16];
+        let spilled: Vec<u32>;
+        let selected: &[u32] = if selected.len() <= buf.len() {
+            let mut n = 0;
+            for &i in selected.iter().filter_map(|k| self.by_key.get(k.as_str())) {
+                buf[n] = i;
+                n += 1;
+            }
+            &buf[..n]
+        } else {
+            spilled = selected
+                .iter()
+                .filter_map(|k| self.by_key.get(k.as_str()).copied())
+                .collect();
+            &spilled
+        };
+        for p in self.applicable(ns, selected, Action::Deny, true) {
+            if p.policy.matches(conn) {
+                dry.matched(&p.key, Action::Deny);
+            }
+        }
+        if let Some(p) = self
+            .applicable(ns, selected, Action::Deny, false)
+            .find(|p| p.policy.matches(conn))
+        {
+            return Err(Denial::Explicit(p.key.clone()));
+        }
+        let mut dry_allow = false;
+        let mut dry_allow_matched = false;
+        for p in self.applicable(ns, selected, Action::Allow, true) {
+            dry_allow = true;
+            if p.policy.matches(conn) {
+                dry_allow_matched = true;
+                dry.matched(&p.key, Action::Allow);
+            }
+        }
+        let mut allow = self
+            .applicable(ns, selected, Action::Allow, false)
+            .peekable();
+        if allow.peek().is_none() {
+            if dry_allow && !dry_allow_matched {
+                dry.no_allow_matched();
+            }
+            return Ok(());
+        }
+        if allow.any(|p| p.policy.matches(conn)) {
+            return Ok(());
+        }
+        Err(Denial::NotAllowed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(action: Action, rules: Vec<Vec<Vec<Match>>>) -> Policy {
+        Policy {
+            name: "p".into(),
+            namespace: "ns".into(),
+            scope: Scope::Global,
+            action,
+            dry_run: false,
+            rules,
+        }
+    }
+
+    fn tls() -> Conn<'static> {
+        Conn::new(
+            "127.0.0.1:1234".parse().unwrap(),
+            "127.0.0.2:8080".parse().unwrap(),
+            Some("spiffe://td/ns/namespace/sa/account"),
+        )
+    }
+
+    fn plain() -> Conn<'static> {
+        Conn::new(
+            "127.0.0.1:1234".parse().unwrap(),
+            "127.0.0.2:8080".parse().unwrap(),
+            None,
+        )
+    }
+
+    #[test]
+    fn empty_shapes() {
+        let m = |ms: Vec<Match>| policy(Action::Allow, vec![vec![ms]]);
+        assert!(!m(vec![Match::default()]).matches(&plain()));
+        assert!(m(vec![]).matches(&plain()));
+        assert!(policy(Action::Allow, vec![vec![]]).matches(&plain()));
+        assert!(!policy(Action::Allow, vec![]).matches(&plain()));
+    }
+
+    #[test]
+    fn principals_and_namespaces() {
+        let p = |m: Match| policy(Action::Allow, vec![vec![vec![m]]]);
+        let pr = p(Match {
+            principals: vec![StrMatch::Exact("td/ns/namespace/sa/account".into())],
+            ..Match::default()
+        });
+        assert!(pr.matches(&tls()) && !pr.matches(&plain()));
+        let not_pr = p(Match {
+            not_principals: vec![StrMatch::Presence],
+            ..Match::default()
+        });
+        assert!(!not_pr.matches(&tls()) && not_pr.matches(&plain()));
+        let ns = p(Match {
+            namespaces: vec![StrMatch::Exact("namespace".into())],
+            ..Match::default()
+        });
+        assert!(ns.matches(&tls()) && !ns.matches(&plain()));
+        let sa = p(Match {
+            not_service_accounts: vec![SaMatch {
+                namespace: "namespace".into(),
+                service_account: "account".into(),
+            }],
+            ..Match::default()
+        });
+        assert!(!sa.matches(&tls()) && sa.matches(&plain()));
+    }
+
+    #[test]
+    fn cidr() {
+        let n = Net::new("10.1.0.0".parse().unwrap(), 16);
+        assert!(n.contains(&Ip::from("10.1.200.3".parse::<IpAddr>().unwrap())));
+        assert!(n.contains(&Ip::from("::ffff:10.1.0.9".parse::<IpAddr>().unwrap())));
+        assert!(!n.contains(&Ip::from("10.2.0.1".parse::<IpAddr>().unwrap())));
+        let all = Net::new("0.0.0.0".parse().unwrap(), 0);
+        assert!(all.contains(&Ip::from("1.2.3.4".parse::<IpAddr>().unwrap())));
+        assert!(!all.contains(&Ip::from("fd00::1".parse::<IpAddr>().unwrap())));
+    }
+
+    #[test]
+    fn order() {
+        let deny = Policy {
+            name: "d".into(),
+            action: Action::Deny,
+            scope: Scope::Namespace,
+            ..policy(
+                Action::Deny,
+                vec![vec![vec![Match {
+                    destination_ports: vec![8080],
+                    ..Match::default()
+                }]]],
+            )
+        };
+        let allow = Policy {
+            name: "a".into(),
+            scope: Scope::Namespace,
+            ..policy(Action::Allow, vec![vec![]])
+        };
+        let idx = Index::build(vec![deny, allow]);
+        assert_eq!(
+            idx.decide(&tls(), Some("ns"), &[], &mut IgnoreDryRun),
+            Err(Denial::Explicit("ns/d".into()))
+        );
+        assert_eq!(
+            idx.decide(&tls(), Some("other"), &[], &mut IgnoreDryRun),
+            Ok(())
+        );
+    }
+}

@@ -1,0 +1,569 @@
+//! `istio-telemetry`: a weft telemetry plugin that serves Istio's standard TCP metrics with ztunnel's names, types
+//! and labels (so Istio's Grafana dashboards work unchanged), and writes one access log line per connection.
+//!
+//! Metrics (counters unless noted; ztunnel's `src/proxy/metrics.rs`):
+//! `istio_tcp_connections_opened_total`, `istio_tcp_connections_closed_total`, `istio_tcp_sent_bytes_total`
+//! (destination → source), `istio_tcp_received_bytes_total` (source → destination),
+//! `istio_tcp_connections_failed_total` (closed with a failure response flag), and the gauge
+//! `istio_tcp_sockets_open{reporter}`. Labels, in ztunnel's order: see [`LABELS`]; unset values are `unknown`.
+//! As in ztunnel, the byte counters carry `response_flags="-"` (they are bound when the connection opens) and a
+//! connection that closes without having been reported open (a denial, a failed connect) counts as opened too.
+//!
+//! Config (JSON, optional; every key optional):
+//!
+//! ```json
+//! {"labels": ["reporter", "source_workload", "destination_workload"], "maxSeries": 1900,
+//!  "accessLog": "text", "spiffePrefix": true}
+//! ```
+//!
+//! - `labels`: the labels to keep (a subset of [`LABELS`], kept in ztunnel's order; default: all). Series that
+//!   differ only in dropped labels are summed.
+//! - `maxSeries`: the most distinct label sets (default 1,900). Each label set is at most one series in each of
+//!   the five counters, so the default stays under the host's default cap of 10,000 series per plugin
+//!   (5 × 1,900 = 9,500, plus the gauge and the overflow series). Past the cap, new label sets are recorded with
+//!   every unbounded label set to `overflow` (totals stay right) and counted in
+//!   `istio_telemetry_series_overflow_total`.
+//! - `accessLog`: `off`, `text` (default; ztunnel's `key=value` fields) or `json` (one object per line).
+//! - `spiffePrefix`: principal labels as ztunnel writes them, `spiffe://td/ns/x/sa/y` (default true); false drops
+//!   the `spiffe://`.
+
+use std::collections::HashSet;
+use std::fmt::Write as _;
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+use weft_plugin_sdk::json::Value;
+use weft_plugin_sdk::log::Level;
+use weft_plugin_sdk::metrics::{Counter, Gauge};
+use weft_plugin_sdk::{CloseInfo, ConnectionInfo, Direction, Telemetry, Verdict, WorkloadMeta};
+
+/// ztunnel's traffic labels, in its order.
+pub const LABELS: [&str; 27] = [
+    "reporter",
+    "source_workload",
+    "source_canonical_service",
+    "source_canonical_revision",
+    "source_workload_namespace",
+    "source_principal",
+    "source_app",
+    "source_version",
+    "source_cluster",
+    "destination_service",
+    "destination_service_namespace",
+    "destination_service_name",
+    "destination_workload",
+    "destination_canonical_service",
+    "destination_canonical_revision",
+    "destination_workload_namespace",
+    "destination_principal",
+    "destination_app",
+    "destination_version",
+    "destination_cluster",
+    "request_protocol",
+    "response_flags",
+    "connection_security_policy",
+    "source_region",
+    "source_zone",
+    "destination_region",
+    "destination_zone",
+];
+
+const RESPONSE_FLAGS: usize = 21;
+/// Labels with a handful of values, kept as they are past the series cap.
+const BOUNDED: [usize; 4] = [0, 20, 21, 22];
+const UNKNOWN: &str = "unknown";
+const OVERFLOW: &str = "overflow";
+/// Connections remembered as open (for the open gauge and to count opens of never-opened closes).
+const MAX_LIVE: usize = 100_000;
+
+/// How access logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessLog {
+    /// None.
+    Off,
+    /// `connection complete src.addr=... dst.addr=... direction="inbound" ...`.
+    Text,
+    /// `{"message":"connection complete","src.addr":"...",...}`.
+    Json,
+}
+
+/// The plugin's options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// Indices into [`LABELS`] of the labels kept, ascending.
+    pub keep: Vec<usize>,
+    /// Most distinct label sets.
+    pub max_series: usize,
+    /// Access log format.
+    pub access_log: AccessLog,
+    /// Keep `spiffe://` in principal labels.
+    pub spiffe_prefix: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            keep: (0..LABELS.len()).collect(),
+            max_series: 1_900,
+            access_log: AccessLog::Text,
+            spiffe_prefix: true,
+        }
+    }
+}
+
+impl Options {
+    /// Parses the JSON config (empty: defaults).
+    pub fn parse(config: &str) -> Result<Self, String> {
+        let mut opts = Options::default();
+        let config = config.trim();
+        if config.is_empty() {
+            return Ok(opts);
+        }
+        let v: Value = config.parse().map_err(|e| format!("config: {e}"))?;
+        let fields = v.as_object().ok_or("config must be a JSON object")?;
+        for (key, value) in fields {
+            match key.as_str() {
+                "labels" => {
+                    let list = value.as_array().ok_or("config: `labels` must be a list")?;
+                    let mut keep = Vec::with_capacity(list.len());
+                    for item in list {
+                        let name = item
+                            .as_str()
+                            .ok_or("config: `labels` entries must be strings")?;
+                        let i = LABELS.iter().position(|l| *l == name).ok_or_else(|| {
+                            format!(
+                                "config: unknown label `{name}` (known: {})",
+                                LABELS.join(", ")
+                            )
+                        })?;
+                        keep.push(i);
+                    }
+                    keep.sort_unstable();
+                    keep.dedup();
+                    opts.keep = keep;
+                }
+                "maxSeries" => {
+                    opts.max_series = value
+                        .as_u64()
+                        .filter(|n| *n >= 1)
+                        .and_then(|n| usize::try_from(n).ok())
+                        .ok_or("config: `maxSeries` must be a positive integer")?;
+                }
+                "accessLog" => {
+                    opts.access_log = match value.as_str() {
+                        Some("off") => AccessLog::Off,
+                        Some("text") => AccessLog::Text,
+                        Some("json") => AccessLog::Json,
+                        _ => {
+                            return Err(
+                                "config: `accessLog` must be \"off\", \"text\" or \"json\"".into(),
+                            );
+                        }
+                    }
+                }
+                "spiffePrefix" => {
+                    opts.spiffe_prefix = value
+                        .as_bool()
+                        .ok_or("config: `spiffePrefix` must be a boolean")?;
+                }
+                other => return Err(format!("config: unknown key `{other}`")),
+            }
+        }
+        Ok(opts)
+    }
+}
+
+fn or_unknown(s: &str) -> &str {
+    if s.is_empty() { UNKNOWN } else { s }
+}
+
+fn identity(w: &WorkloadMeta) -> Option<String> {
+    (!w.namespace.is_empty() && !w.service_account.is_empty()).then(|| {
+        let td = if w.trust_domain.is_empty() {
+            "cluster.local"
+        } else {
+            &w.trust_domain
+        };
+        format!("spiffe://{td}/ns/{}/sa/{}", w.namespace, w.service_account)
+    })
+}
+
+fn identity_namespace(id: &str) -> Option<&str> {
+    let rest = id.strip_prefix("spiffe://")?;
+    let mut parts = rest.split('/').skip(1);
+    match (parts.next(), parts.next()) {
+        (Some("ns"), Some(ns)) if !ns.is_empty() => Some(ns),
+        _ => None,
+    }
+}
+
+/// What one connection reports: its label values (all of [`LABELS`]) and the access log's fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// One value per entry of [`LABELS`].
+    pub values: Vec<String>,
+    /// The source principal, when the connection is mutual TLS (for the log).
+    pub src_identity: Option<String>,
+    /// The destination principal, when the connection is mutual TLS (for the log).
+    pub dst_identity: Option<String>,
+}
+
+impl Report {
+    /// The labels of a connection, with `response_flags` as given.
+    pub fn new(info: &ConnectionInfo, response_flags: &str, spiffe_prefix: bool) -> Self {
+        let conn = &info.conn;
+        let inbound = conn.direction == Direction::Inbound;
+        let mtls = conn.hbone;
+        let src = info.source_workload.as_ref();
+        let dst = info.destination_workload.as_ref();
+        let src_principal = if mtls {
+            conn.peer_identity
+                .clone()
+                .or_else(|| src.and_then(identity))
+        } else {
+            None
+        };
+        let dst_principal = dst.and_then(identity);
+        let principal = |p: &Option<String>| match p {
+            Some(p) if !spiffe_prefix => p.strip_prefix("spiffe://").unwrap_or(p).to_string(),
+            Some(p) => p.clone(),
+            None => UNKNOWN.to_string(),
+        };
+        let w = |w: Option<&WorkloadMeta>, f: fn(&WorkloadMeta) -> &str| {
+            or_unknown(w.map_or("", f)).to_string()
+        };
+        let src_ns = match src {
+            Some(s) if !s.namespace.is_empty() => s.namespace.clone(),
+            _ => src_principal
+                .as_deref()
+                .and_then(identity_namespace)
+                .unwrap_or(UNKNOWN)
+                .to_string(),
+        };
+        let (svc_ns, svc_host) = match conn.destination_service.as_deref() {
+            Some(s) => s.split_once('/').unwrap_or(("", s)),
+            None => ("", ""),
+        };
+        let svc_name = svc_host.split('.').next().unwrap_or("");
+        let values = vec![
+            (if inbound { "destination" } else { "source" }).to_string(),
+            w(src, |m| &m.workload_name),
+            w(src, |m| &m.canonical_name),
+            w(src, |m| &m.canonical_revision),
+            src_ns,
+            principal(&src_principal),
+            w(src, |m| &m.canonical_name),
+            w(src, |m| &m.canonical_revision),
+            w(src, |m| &m.cluster_id),
+            or_unknown(svc_host).to_string(),
+            or_unknown(svc_ns).to_string(),
+            or_unknown(svc_name).to_string(),
+            w(dst, |m| &m.workload_name),
+            w(dst, |m| &m.canonical_name),
+            w(dst, |m| &m.canonical_revision),
+            w(dst, |m| &m.namespace),
+            principal(&dst_principal),
+            w(dst, |m| &m.canonical_name),
+            w(dst, |m| &m.canonical_revision),
+            w(dst, |m| &m.cluster_id),
+            "tcp".to_string(),
+            or_unknown(response_flags).to_string(),
+            (if mtls { "mutual_tls" } else { UNKNOWN }).to_string(),
+            w(src, |m| &m.region),
+            w(src, |m| &m.zone),
+            w(dst, |m| &m.region),
+            w(dst, |m| &m.zone),
+        ];
+        Report {
+            values,
+            src_identity: src_principal,
+            dst_identity: dst_principal.filter(|_| mtls),
+        }
+    }
+}
+
+/// The plugin: options, metric handles, the label sets seen and the connections open.
+pub struct IstioTelemetry {
+    options: Options,
+    label_names: Vec<&'static str>,
+    opened: Counter,
+    closed: Counter,
+    failed: Counter,
+    sent: Counter,
+    received: Counter,
+    sockets: Gauge,
+    overflow: Counter,
+    series: HashSet<u64>,
+    live: HashSet<u64>,
+}
+
+impl IstioTelemetry {
+    /// The kept label values of a report, the label set capped.
+    fn labels<'a>(&mut self, values: &'a [String]) -> Vec<&'a str> {
+        let mut kept: Vec<&str> = self
+            .options
+            .keep
+            .iter()
+            .map(|&i| values[i].as_str())
+            .collect();
+        let mut h = DefaultHasher::new();
+        kept.hash(&mut h);
+        let key = h.finish();
+        if self.series.contains(&key) {
+            return kept;
+        }
+        if self.series.len() < self.options.max_series {
+            self.series.insert(key);
+            return kept;
+        }
+        self.overflow.inc(&[]);
+        for (slot, &i) in kept.iter_mut().zip(&self.options.keep) {
+            if !BOUNDED.contains(&i) {
+                *slot = OVERFLOW;
+            }
+        }
+        kept
+    }
+
+    fn reporter(info: &ConnectionInfo) -> &'static str {
+        match info.conn.direction {
+            Direction::Inbound => "destination",
+            Direction::Outbound => "source",
+        }
+    }
+
+    fn opened_now(&mut self, info: &ConnectionInfo, report: &Report) {
+        let labels = self.labels(&report.values);
+        self.opened.inc(&labels);
+        if self.live.len() < MAX_LIVE && self.live.insert(info.conn.id) {
+            self.sockets.add(&[Self::reporter(info)], 1);
+        }
+    }
+}
+
+impl Telemetry for IstioTelemetry {
+    fn configure(config: &str) -> Result<Self, String> {
+        let options = Options::parse(config)?;
+        let label_names: Vec<&'static str> = options.keep.iter().map(|&i| LABELS[i]).collect();
+        let counter = |name: &str, help: &str| Counter::define(name, help, &label_names);
+        Ok(IstioTelemetry {
+            opened: counter(
+                "istio_tcp_connections_opened_total",
+                "The total number of TCP connections opened",
+            )?,
+            closed: counter(
+                "istio_tcp_connections_closed_total",
+                "The total number of TCP connections closed",
+            )?,
+            failed: counter(
+                "istio_tcp_connections_failed_total",
+                "The total number of TCP connections that failed to establish (unstable)",
+            )?,
+            sent: counter(
+                "istio_tcp_sent_bytes_total",
+                "The size of total bytes sent during response in case of a TCP connection",
+            )?,
+            received: counter(
+                "istio_tcp_received_bytes_total",
+                "The size of total bytes received during request in case of a TCP connection",
+            )?,
+            sockets: Gauge::define(
+                "istio_tcp_sockets_open",
+                "The current number of open TCP sockets (unstable)",
+                &["reporter"],
+            )?,
+            overflow: Counter::define(
+                "istio_telemetry_series_overflow_total",
+                "Connections recorded under `overflow` labels because maxSeries label sets exist.",
+                &[],
+            )?,
+            series: HashSet::new(),
+            live: HashSet::new(),
+            label_names,
+            options,
+        })
+    }
+
+    fn on_open(&mut self, info: &ConnectionInfo) {
+        let report = Report::new(info, "-", self.options.spiffe_prefix);
+        self.opened_now(info, &report);
+    }
+
+    fn on_close(&mut self, info: &ConnectionInfo, close: &CloseInfo) {
+        let mut report = Report::new(info, "-", self.options.spiffe_prefix);
+        if self.live.remove(&info.conn.id) {
+            self.sockets.add(&[Self::reporter(info)], -1);
+        } else {
+            // Never reported open (denied, or the connect failed): ztunnel counts it opened as well.
+            self.opened_now(info, &report);
+            if self.live.remove(&info.conn.id) {
+                self.sockets.add(&[Self::reporter(info)], -1);
+            }
+        }
+        {
+            // Byte counters are bound with the labels of the open (`response_flags="-"`), as in ztunnel.
+            let labels = self.labels(&report.values);
+            self.received.add(&labels, close.bytes_sent);
+            self.sent.add(&labels, close.bytes_received);
+        }
+        let flags = or_unknown(&close.response_flags);
+        let flags = if flags == UNKNOWN { "-" } else { flags };
+        report.values[RESPONSE_FLAGS] = flags.to_string();
+        let failed = flags != "-";
+        {
+            let labels = self.labels(&report.values);
+            self.closed.inc(&labels);
+            if failed {
+                self.failed.inc(&labels);
+            }
+        }
+        if self.options.access_log != AccessLog::Off {
+            let (line, error) = access_log(self.options.access_log, info, close, &report);
+            let level = if error { Level::Error } else { Level::Info };
+            weft_plugin_sdk::log::log(level, &line);
+        }
+    }
+}
+
+impl IstioTelemetry {
+    /// The label names the metrics carry.
+    pub fn label_names(&self) -> &[&'static str] {
+        &self.label_names
+    }
+}
+
+fn json_escape(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// One field of the access log: a string (quoted) or a bare value.
+enum Field {
+    Str(String),
+    Bare(String),
+}
+
+/// The access log line of a closed connection (ztunnel's fields), and whether it reports an error.
+pub fn access_log(
+    format: AccessLog,
+    info: &ConnectionInfo,
+    close: &CloseInfo,
+    report: &Report,
+) -> (String, bool) {
+    let conn = &info.conn;
+    let inbound = conn.direction == Direction::Inbound;
+    let src = info.source_workload.as_ref();
+    let dst = info.destination_workload.as_ref();
+    let dst_addr = conn.destination_addr();
+    let mut fields: Vec<(&str, Field)> = Vec::with_capacity(16);
+    fields.push(("src.addr", Field::Bare(conn.source_addr().to_string())));
+    let name = |w: Option<&WorkloadMeta>| {
+        w.map(|w| {
+            if w.name.is_empty() {
+                &w.canonical_name
+            } else {
+                &w.name
+            }
+        })
+        .filter(|n| !n.is_empty())
+        .cloned()
+    };
+    let v = |i: usize| Some(report.values[i].clone()).filter(|s| s != UNKNOWN);
+    if let Some(n) = name(src) {
+        fields.push(("src.workload", Field::Str(n)));
+    }
+    if let Some(n) = v(4) {
+        fields.push(("src.namespace", Field::Str(n)));
+    }
+    if let Some(id) = &report.src_identity {
+        fields.push(("src.identity", Field::Str(id.clone())));
+    }
+    if conn.hbone {
+        // The L4 address is the HBONE port of the destination; the tunnel's target is the workload address.
+        let l4 = std::net::SocketAddr::new(dst_addr.ip(), 15008);
+        fields.push(("dst.addr", Field::Bare(l4.to_string())));
+        fields.push(("dst.hbone_addr", Field::Bare(dst_addr.to_string())));
+    } else {
+        fields.push(("dst.addr", Field::Bare(dst_addr.to_string())));
+    }
+    if let Some(s) = v(9) {
+        fields.push(("dst.service", Field::Str(s)));
+    }
+    if let Some(n) = name(dst) {
+        fields.push(("dst.workload", Field::Str(n)));
+    }
+    if let Some(n) = v(15) {
+        fields.push(("dst.namespace", Field::Str(n)));
+    }
+    if let Some(id) = &report.dst_identity {
+        fields.push(("dst.identity", Field::Str(id.clone())));
+    }
+    fields.push((
+        "direction",
+        Field::Str((if inbound { "inbound" } else { "outbound" }).to_string()),
+    ));
+    // Bytes from the local workload's point of view (ztunnel "unflips" Istio's metric convention for logs).
+    let (sent, recv) = if inbound {
+        (close.bytes_received, close.bytes_sent)
+    } else {
+        (close.bytes_sent, close.bytes_received)
+    };
+    fields.push(("bytes_sent", Field::Bare(sent.to_string())));
+    fields.push(("bytes_recv", Field::Bare(recv.to_string())));
+    fields.push((
+        "duration",
+        Field::Str(format!("{}ms", close.duration_ns / 1_000_000)),
+    ));
+    let error = close.error.clone().or_else(|| match &close.verdict {
+        Verdict::Deny((by, reason)) => Some(format!("denied by {by}: {reason}")),
+        Verdict::Allow => None,
+    });
+    let is_error = error.is_some();
+    if let Some(e) = error {
+        fields.push(("error", Field::Str(e)));
+    }
+    let mut out = String::with_capacity(512);
+    match format {
+        AccessLog::Json => {
+            out.push_str("{\"scope\":\"access\",\"message\":\"connection complete\"");
+            for (k, f) in &fields {
+                out.push(',');
+                json_escape(&mut out, k);
+                out.push(':');
+                match f {
+                    Field::Str(s) => json_escape(&mut out, s),
+                    Field::Bare(s) if k.starts_with("bytes") => out.push_str(s),
+                    Field::Bare(s) => json_escape(&mut out, s),
+                }
+            }
+            out.push('}');
+        }
+        AccessLog::Text | AccessLog::Off => {
+            out.push_str("connection complete");
+            for (k, f) in &fields {
+                out.push(' ');
+                out.push_str(k);
+                out.push('=');
+                match f {
+                    Field::Str(s) => json_escape(&mut out, s),
+                    Field::Bare(s) => out.push_str(s),
+                }
+            }
+        }
+    }
+    (out, is_error)
+}
+
+weft_plugin_sdk::export_telemetry!(IstioTelemetry);

@@ -1,0 +1,483 @@
+//! `plugins/istio-telemetry` in the real host: a scrape checked against ztunnel's metric names, types and label
+//! list (in order), Istio's byte directions, denied and failed connections, outbound plaintext, the label subset and
+//! the cardinality cap, the open-sockets gauge, the access log (text and JSON) and config errors.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use weft_hooks::{
+    CloseRecord, ConnectionHooks, ConnectionRecord, Direction, Verdict, WorkloadMeta,
+};
+use weft_plugin_host::testing::{Harness, build_plugin, conn, workload};
+
+fn wasm() -> PathBuf {
+    build_plugin("plugins/istio-telemetry").expect("build istio-telemetry")
+}
+
+/// ztunnel's traffic labels, in its order (`CommonTrafficLabels` in istio/ztunnel src/proxy/metrics.rs).
+const ZTUNNEL_LABELS: [&str; 27] = [
+    "reporter",
+    "source_workload",
+    "source_canonical_service",
+    "source_canonical_revision",
+    "source_workload_namespace",
+    "source_principal",
+    "source_app",
+    "source_version",
+    "source_cluster",
+    "destination_service",
+    "destination_service_namespace",
+    "destination_service_name",
+    "destination_workload",
+    "destination_canonical_service",
+    "destination_canonical_revision",
+    "destination_workload_namespace",
+    "destination_principal",
+    "destination_app",
+    "destination_version",
+    "destination_cluster",
+    "request_protocol",
+    "response_flags",
+    "connection_security_policy",
+    "source_region",
+    "source_zone",
+    "destination_region",
+    "destination_zone",
+];
+
+const COUNTERS: [&str; 5] = [
+    "istio_tcp_connections_opened_total",
+    "istio_tcp_connections_closed_total",
+    "istio_tcp_sent_bytes_total",
+    "istio_tcp_received_bytes_total",
+    "istio_tcp_connections_failed_total",
+];
+
+/// One sample of a scrape: label pairs in order, and the value.
+#[derive(Debug, Clone)]
+struct Sample {
+    labels: Vec<(String, String)>,
+    value: f64,
+}
+
+impl Sample {
+    fn get(&self, k: &str) -> Option<&str> {
+        self.labels
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn parse_labels(s: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut chars = s.chars().peekable();
+    loop {
+        let key: String = chars.by_ref().take_while(|c| *c != '=').collect();
+        if key.is_empty() {
+            break;
+        }
+        assert_eq!(chars.next(), Some('"'), "label {key} in {s}");
+        let mut value = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => value.push(chars.next().unwrap()),
+                '"' => break,
+                c => value.push(c),
+            }
+        }
+        out.push((key.trim_start_matches(',').to_string(), value));
+        if chars.peek() == Some(&',') {
+            chars.next();
+        }
+    }
+    out
+}
+
+/// The samples of `name` in a Prometheus text scrape.
+fn samples(text: &str, name: &str) -> Vec<Sample> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(name))
+        .filter_map(|rest| {
+            let (labels, value) = match rest.strip_prefix('{') {
+                Some(r) => {
+                    let end = r.rfind('}')?;
+                    (parse_labels(&r[..end]), r[end + 1..].trim())
+                }
+                None if rest.starts_with(' ') => (Vec::new(), rest.trim()),
+                None => return None,
+            };
+            Some(Sample {
+                labels,
+                value: value.parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+fn metric_type(text: &str, name: &str) -> Option<String> {
+    let base = name.strip_suffix("_total").unwrap_or(name);
+    text.lines().find_map(|l| {
+        let rest = l.strip_prefix("# TYPE ")?;
+        let (n, t) = rest.split_once(' ')?;
+        (n == name || n == base).then(|| t.trim().to_string())
+    })
+}
+
+fn close(sent: u64, received: u64) -> CloseRecord {
+    CloseRecord {
+        bytes_sent: sent,
+        bytes_received: received,
+        duration: Duration::from_millis(1500),
+        verdict: Verdict::Allow,
+        error: None,
+        response_flags: "-",
+    }
+}
+
+fn rich_conn() -> ConnectionRecord {
+    let mut src: WorkloadMeta = (*workload("client-7d9", "shop", "frontend")).clone();
+    src.workload_name = "client".into();
+    src.canonical_name = "client".into();
+    src.canonical_revision = "v2".into();
+    src.region = "eu-west".into();
+    src.zone = "eu-west-1a".into();
+    let mut c = conn(8080, Some("spiffe://cluster.local/ns/shop/sa/frontend"));
+    c.src_workload = Some(Arc::new(src));
+    c
+}
+
+#[test]
+fn scrape_has_ztunnel_names_types_and_labels() {
+    let h = Harness::telemetry(&wasm(), "").unwrap();
+    h.open_close(&rich_conn(), &close(100, 2000));
+    let text = h.metrics_text();
+    for name in COUNTERS {
+        let s = samples(&text, name);
+        if name == "istio_tcp_connections_failed_total" {
+            assert!(s.is_empty(), "a clean close is no failure: {s:?}");
+            continue;
+        }
+        assert_eq!(
+            metric_type(&text, name).as_deref(),
+            Some("counter"),
+            "{name}\n{text}"
+        );
+        assert_eq!(s.len(), 1, "{name}: {s:?}");
+        let all: Vec<&str> = s[0].labels.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(all, ZTUNNEL_LABELS, "{name}: labels or their order differ");
+    }
+    assert_eq!(
+        metric_type(&text, "istio_tcp_sockets_open").as_deref(),
+        Some("gauge")
+    );
+    let s = &samples(&text, "istio_tcp_connections_opened_total")[0];
+    let expected: BTreeMap<&str, &str> = [
+        ("reporter", "destination"),
+        ("source_workload", "client"),
+        ("source_canonical_service", "client"),
+        ("source_canonical_revision", "v2"),
+        ("source_workload_namespace", "shop"),
+        (
+            "source_principal",
+            "spiffe://cluster.local/ns/shop/sa/frontend",
+        ),
+        ("source_app", "client"),
+        ("source_version", "v2"),
+        ("source_cluster", "Kubernetes"),
+        ("destination_service", "server.shop.svc.cluster.local"),
+        ("destination_service_namespace", "shop"),
+        ("destination_service_name", "server"),
+        ("destination_workload", "server"),
+        ("destination_canonical_service", "server"),
+        ("destination_canonical_revision", "v1"),
+        ("destination_workload_namespace", "shop"),
+        (
+            "destination_principal",
+            "spiffe://cluster.local/ns/shop/sa/backend",
+        ),
+        ("destination_app", "server"),
+        ("destination_version", "v1"),
+        ("destination_cluster", "Kubernetes"),
+        ("request_protocol", "tcp"),
+        ("response_flags", "-"),
+        ("connection_security_policy", "mutual_tls"),
+        ("source_region", "eu-west"),
+        ("source_zone", "eu-west-1a"),
+        ("destination_region", "unknown"),
+        ("destination_zone", "unknown"),
+    ]
+    .into();
+    for (k, v) in &expected {
+        assert_eq!(s.get(k), Some(*v), "label {k}");
+    }
+    assert_eq!(s.value, 1.0);
+}
+
+#[test]
+fn bytes_follow_istio_directions() {
+    let h = Harness::telemetry(&wasm(), "").unwrap();
+    h.open_close(&rich_conn(), &close(100, 2000));
+    let text = h.metrics_text();
+    // received: from the source (request), sent: back to the source (response).
+    assert_eq!(
+        samples(&text, "istio_tcp_received_bytes_total")[0].value,
+        100.0
+    );
+    assert_eq!(
+        samples(&text, "istio_tcp_sent_bytes_total")[0].value,
+        2000.0
+    );
+    assert_eq!(
+        samples(&text, "istio_tcp_connections_closed_total")[0].value,
+        1.0
+    );
+    let open = samples(&text, "istio_tcp_sockets_open");
+    assert_eq!(open.len(), 1);
+    assert_eq!(
+        (open[0].get("reporter"), open[0].value),
+        (Some("destination"), 0.0)
+    );
+}
+
+#[test]
+fn denied_connection_is_opened_closed_and_failed() {
+    let h = Harness::telemetry(&wasm(), "").unwrap();
+    let c = rich_conn();
+    let denied = CloseRecord {
+        verdict: Verdict::Deny {
+            by: "istio-authz".into(),
+            reason: "explicitly denied by: shop/deny-9999".into(),
+        },
+        error: Some("denied".into()),
+        response_flags: "DENY",
+        ..close(0, 0)
+    };
+    // Denied connections are never reported open by the data path.
+    h.host().on_close(&c, &denied);
+    h.host().flush_telemetry();
+    let text = h.metrics_text();
+    let opened = samples(&text, "istio_tcp_connections_opened_total");
+    assert_eq!(opened.len(), 1);
+    assert_eq!(opened[0].get("response_flags"), Some("-"));
+    for name in [
+        "istio_tcp_connections_closed_total",
+        "istio_tcp_connections_failed_total",
+    ] {
+        assert_eq!(
+            metric_type(&text, name).as_deref(),
+            Some("counter"),
+            "{name}"
+        );
+        let s = samples(&text, name);
+        let all: Vec<&str> = s[0].labels.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(all, ZTUNNEL_LABELS, "{name}: labels or their order differ");
+        assert_eq!(s.len(), 1, "{name}");
+        assert_eq!(
+            (s[0].get("response_flags"), s[0].value),
+            (Some("DENY"), 1.0),
+            "{name}"
+        );
+    }
+    assert_eq!(
+        samples(&text, "istio_tcp_sent_bytes_total")[0].get("response_flags"),
+        Some("-"),
+        "byte counters keep the labels of the open"
+    );
+}
+
+#[test]
+fn outbound_plaintext_to_unknown_destination() {
+    let h = Harness::telemetry(&wasm(), "").unwrap();
+    let mut c = conn(5432, None);
+    c.direction = Direction::Outbound;
+    c.hbone = false;
+    c.dst_workload = None;
+    c.dst_service = None;
+    h.open_close(&c, &close(10, 20));
+    let text = h.metrics_text();
+    let s = &samples(&text, "istio_tcp_connections_opened_total")[0];
+    assert_eq!(s.get("reporter"), Some("source"));
+    assert_eq!(s.get("connection_security_policy"), Some("unknown"));
+    assert_eq!(s.get("source_principal"), Some("unknown"));
+    assert_eq!(s.get("source_workload"), Some("client"));
+    for k in [
+        "destination_workload",
+        "destination_principal",
+        "destination_service",
+        "destination_service_name",
+        "destination_cluster",
+        "destination_region",
+    ] {
+        assert_eq!(s.get(k), Some("unknown"), "{k}");
+    }
+}
+
+#[test]
+fn label_subset_and_cardinality_cap() {
+    let h = Harness::telemetry(
+        &wasm(),
+        r#"{"labels": ["destination_workload", "reporter", "response_flags"], "maxSeries": 2, "accessLog": "off"}"#,
+    )
+    .unwrap();
+    for name in ["a", "b", "c", "d", "a"] {
+        let mut c = conn(8080, None);
+        c.dst_workload = Some(workload(name, "shop", "sa"));
+        h.open_close(&c, &close(1, 1));
+    }
+    let text = h.metrics_text();
+    let s = samples(&text, "istio_tcp_connections_opened_total");
+    let names: Vec<&str> = s[0].labels.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        names,
+        ["reporter", "destination_workload", "response_flags"],
+        "ztunnel's order"
+    );
+    let by: BTreeMap<&str, f64> = s
+        .iter()
+        .map(|x| (x.get("destination_workload").unwrap(), x.value))
+        .collect();
+    assert_eq!(by, [("a", 2.0), ("b", 1.0), ("overflow", 2.0)].into());
+    let overflow = samples(&text, "istio_telemetry_series_overflow_total");
+    assert!(overflow[0].value >= 2.0, "{overflow:?}");
+}
+
+/// The plugin's log lines (target `plugin`), captured from `tracing`.
+fn captured() -> &'static Mutex<Vec<String>> {
+    static LINES: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
+    LINES.get_or_init(Default::default)
+}
+
+struct Capture;
+
+struct Message(String);
+
+impl tracing::field::Visit for Message {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}");
+        }
+    }
+}
+
+impl tracing::Subscriber for Capture {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        if event.metadata().target() == "plugin" {
+            let mut m = Message(String::new());
+            event.record(&mut m);
+            captured().lock().unwrap().push(m.0);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+fn capture_logs() {
+    static SET: OnceLock<()> = OnceLock::new();
+    SET.get_or_init(|| {
+        let _ = tracing::subscriber::set_global_default(Capture);
+    });
+}
+
+fn find_log(needle: &str) -> Option<String> {
+    captured()
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|l| l.contains(needle))
+        .cloned()
+}
+
+#[test]
+fn access_log_text() {
+    capture_logs();
+    let h = Harness::telemetry(&wasm(), r#"{"accessLog": "text"}"#).unwrap();
+    let mut c = rich_conn();
+    c.src = "10.0.0.1:41111".parse().unwrap();
+    h.open_close(&c, &close(100, 2000));
+    let line = find_log("src.addr=10.0.0.1:41111").expect("access log line");
+    assert_eq!(
+        line,
+        "connection complete src.addr=10.0.0.1:41111 src.workload=\"client-7d9\" src.namespace=\"shop\" \
+         src.identity=\"spiffe://cluster.local/ns/shop/sa/frontend\" dst.addr=10.0.0.2:15008 \
+         dst.hbone_addr=10.0.0.2:8080 dst.service=\"server.shop.svc.cluster.local\" dst.workload=\"server\" \
+         dst.namespace=\"shop\" dst.identity=\"spiffe://cluster.local/ns/shop/sa/backend\" direction=\"inbound\" \
+         bytes_sent=2000 bytes_recv=100 duration=\"1500ms\""
+    );
+}
+
+#[test]
+fn access_log_json_with_error() {
+    capture_logs();
+    let h = Harness::telemetry(&wasm(), r#"{"accessLog": "json"}"#).unwrap();
+    let mut c = conn(9999, None);
+    c.src = "10.0.0.1:42222".parse().unwrap();
+    c.hbone = false;
+    let denied = CloseRecord {
+        verdict: Verdict::Deny {
+            by: "istio-authz".into(),
+            reason: "allow policies exist, but none allowed".into(),
+        },
+        error: None,
+        response_flags: "DENY",
+        ..close(0, 0)
+    };
+    h.host().on_close(&c, &denied);
+    h.host().flush_telemetry();
+    let line = find_log("10.0.0.1:42222").expect("access log line");
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(v["message"], "connection complete");
+    assert_eq!(v["src.addr"], "10.0.0.1:42222");
+    assert_eq!(v["dst.addr"], "10.0.0.2:9999");
+    assert_eq!(v["dst.workload"], "server");
+    assert_eq!(v["src.namespace"], "shop");
+    assert_eq!(v["direction"], "inbound");
+    assert_eq!(v["bytes_sent"], 0);
+    assert_eq!(v["bytes_recv"], 0);
+    assert_eq!(v["duration"], "1500ms");
+    assert!(v.get("src.identity").is_none(), "no identity on plaintext");
+    assert_eq!(
+        v["error"],
+        "denied by istio-authz: allow policies exist, but none allowed"
+    );
+}
+
+#[test]
+fn principal_without_spiffe_prefix_when_configured() {
+    let h = Harness::telemetry(&wasm(), r#"{"spiffePrefix": false, "accessLog": "off"}"#).unwrap();
+    h.open_close(&rich_conn(), &close(1, 1));
+    let text = h.metrics_text();
+    let s = &samples(&text, "istio_tcp_connections_opened_total")[0];
+    assert_eq!(
+        s.get("source_principal"),
+        Some("cluster.local/ns/shop/sa/frontend")
+    );
+    assert_eq!(
+        s.get("destination_principal"),
+        Some("cluster.local/ns/shop/sa/backend")
+    );
+}
+
+#[test]
+fn bad_config_is_rejected() {
+    let err = Harness::telemetry(&wasm(), r#"{"labels": ["reporter", "pod"]}"#).unwrap_err();
+    assert!(err.contains("unknown label `pod`"), "{err}");
+    let err = Harness::telemetry(&wasm(), r#"{"accessLog": "xml"}"#).unwrap_err();
+    assert!(err.contains("accessLog"), "{err}");
+    let err = Harness::telemetry(&wasm(), r#"{"maxSeries": 0}"#).unwrap_err();
+    assert!(err.contains("maxSeries"), "{err}");
+    let err = Harness::telemetry(&wasm(), r#"{"max_series": 5}"#).unwrap_err();
+    assert!(err.contains("unknown key"), "{err}");
+}
