@@ -4,7 +4,10 @@
 //! hands them to the server. "Direct" is the same client and server with the capture skipped (marked socket).
 //! Client, servers and both proxies share the machine's cores. Needs root and a release build of weft:
 //!   cargo build --release -p weft && cargo bench -p weft-conformance --bench mesh
-//! Environment: BENCH_MIB (bulk size, default 1024), BENCH_SECS (connection-rate window, default 3).
+//! Environment: BENCH_MIB (bulk size, default 1024), BENCH_SECS (connection-rate window, default 3), BENCH_CONC
+//! (concurrent connectors, default 16), BENCH_BULK_RUNS (default 3), BENCH_ONLY (comma list of `bulk`, `cps`, `lat`:
+//! run only those parts, e.g. to profile one of them; default all).
+#![allow(clippy::unwrap_used)] // a test panics to fail
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -122,9 +125,14 @@ async fn latency(dst: SocketAddr, bypass: bool, n: usize) -> Duration {
     samples[n / 2]
 }
 
+/// Whether the part `what` is to run (`BENCH_ONLY` unset: every part).
+fn part(what: &str) -> bool {
+    std::env::var("BENCH_ONLY").map_or(true, |v| v.split(',').any(|p| p.trim() == what))
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -137,8 +145,10 @@ async fn main() {
     let _srv = mesh.ns_b.run(move || servers(server_ip));
     let mib = env_u64("BENCH_MIB", 1024);
     let secs = env_u64("BENCH_SECS", 3);
+    let runs = env_u64("BENCH_BULK_RUNS", 3);
     let sink = SocketAddr::from((server_ip, SINK));
     let rr = SocketAddr::from((server_ip, RR));
+    let conc = env_u64("BENCH_CONC", 16) as usize;
     let report = mesh
         .ns_a
         .run(move || async move {
@@ -147,15 +157,20 @@ async fn main() {
             let _ = conn_rate(rr, false, Duration::from_millis(300), 4).await;
             let _ = conn_rate(rr, true, Duration::from_millis(300), 4).await;
             let (mut tp_d, mut tp_m) = (Vec::new(), Vec::new());
-            for _ in 0..env_u64("BENCH_BULK_RUNS", 3) {
+            for _ in 0..if part("bulk") { runs } else { 0 } {
                 tp_d.push(bulk(sink, true, mib << 20).await);
                 tp_m.push(bulk(sink, false, mib << 20).await);
             }
-            let conc = env_u64("BENCH_CONC", 16) as usize;
-            let (cps_d, fail_d) = conn_rate(rr, true, Duration::from_secs(secs), conc).await;
-            let (cps_m, fail_m) = conn_rate(rr, false, Duration::from_secs(secs), conc).await;
-            let lat_d = latency(rr, true, 5000).await;
-            let lat_m = latency(rr, false, 5000).await;
+            let (mut cps_d, mut fail_d, mut cps_m, mut fail_m) = (f64::NAN, 0, f64::NAN, 0);
+            if part("cps") {
+                (cps_d, fail_d) = conn_rate(rr, true, Duration::from_secs(secs), conc).await;
+                (cps_m, fail_m) = conn_rate(rr, false, Duration::from_secs(secs), conc).await;
+            }
+            let (mut lat_d, mut lat_m) = (Duration::ZERO, Duration::ZERO);
+            if part("lat") {
+                lat_d = latency(rr, true, 5000).await;
+                lat_m = latency(rr, false, 5000).await;
+            }
             (
                 median(tp_d),
                 median(tp_m),
@@ -175,11 +190,11 @@ async fn main() {
         "weft mesh bench (two netns nodes, capture -> HBONE/mTLS -> node B; direct = same path, capture skipped)"
     );
     println!(
-        "  bulk, 1 flow, {mib} MiB (median of 3):  direct {tp_d:6.2} Gb/s   mesh {tp_m:6.2} Gb/s   ratio {:.3}",
+        "  bulk, 1 flow, {mib} MiB (median of {runs}):  direct {tp_d:6.2} Gb/s   mesh {tp_m:6.2} Gb/s   ratio {:.3}",
         tp_m / tp_d
     );
     println!(
-        "  new connections/s, 16 concurrent, {secs}s: direct {cps_d:8.0}        mesh {cps_m:8.0}        ratio {:.3}   (failed: direct {fail_d}, mesh {fail_m})",
+        "  new connections/s, {conc} concurrent, {secs}s: direct {cps_d:8.0}        mesh {cps_m:8.0}        ratio {:.3}   (failed: direct {fail_d}, mesh {fail_m})",
         cps_m / cps_d
     );
     println!(

@@ -1,6 +1,7 @@
 //! Traffic capture as on a cluster (see `weft_conformance::netmesh`): an unmodified client in node A's namespace is
 //! redirected to weft's 15001 and tunnelled over HBONE to node B; a non-mesh client's plaintext reaches node B's
 //! 15006. Needs root (CI runs as root).
+#![allow(clippy::unwrap_used)] // a test panics to fail
 
 use std::time::Duration;
 

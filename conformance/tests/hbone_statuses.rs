@@ -1,5 +1,6 @@
 //! A raw HBONE client against a real weft node: every kind of bad CONNECT gets the status ztunnel answers with,
 //! and a client without a valid certificate never gets a tunnel.
+#![allow(clippy::unwrap_used)] // a test panics to fail
 
 use std::net::SocketAddr;
 use std::sync::Arc;

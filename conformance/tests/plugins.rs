@@ -1,6 +1,7 @@
 //! Plugins end to end, in real weft processes: a policy plugin denies (HBONE 401) and allows, a telemetry plugin's
 //! metrics appear on /stats/prometheus, a hot swap under load fails no connection, bad plugin versions are rejected
 //! while the old one serves, and misbehaving plugins are contained without slowing other connections.
+#![allow(clippy::unwrap_used)] // a test panics to fail
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;

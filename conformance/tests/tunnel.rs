@@ -1,4 +1,5 @@
 //! End to end through two real weft processes on 127.0.N.x: SOCKS5 → node A → mTLS HBONE → node B → workload.
+#![allow(clippy::unwrap_used)] // a test panics to fail
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;

@@ -1,6 +1,7 @@
 //! Per-decision cost of the example policy plugin (`plugins/port-allowlist`): the same logic in native Rust, the
 //! plugin on a reused (pooled) instance through the whole host chain, and the plugin on a fresh instance per call.
 //! Run: `CARGO_TARGET_DIR=target-plugin cargo bench -p weft-plugin-host --bench decision`.
+#![allow(clippy::unwrap_used)] // a test panics to fail
 
 use std::hint::black_box;
 

@@ -1,6 +1,7 @@
 //! The `istio-authz` plugin's engine compiled natively (the very same source file), with the conversion from the
 //! state's policies and the connection records the host sees: the reference the Wasm plugin is checked against
 //! in `tests/istio_authz.rs` and benchmarked against in `benches/istio_authz.rs`.
+#![allow(clippy::unwrap_used)] // a test panics to fail
 
 #![allow(dead_code)]
 
