@@ -51,6 +51,9 @@ pub fn mesh_yaml(a: Addrs, echo_sa: &str) -> String {
   name: client
   namespace: default
   serviceAccount: client
+  workloadName: client
+  canonicalName: client
+  canonicalRevision: v1
   workloadIps: [{client}]
   protocol: HBONE
   node: node-a
@@ -59,6 +62,9 @@ pub fn mesh_yaml(a: Addrs, echo_sa: &str) -> String {
   name: echo
   namespace: default
   serviceAccount: {echo_sa}
+  workloadName: echo
+  canonicalName: echo
+  canonicalRevision: v1
   workloadIps: [{echo}]
   protocol: HBONE
   node: node-b

@@ -222,7 +222,7 @@ async fn config_edits_apply_live_and_bad_edits_are_refused() {
     .await;
     let err = dump["config"]["lastError"].as_str().unwrap();
     assert!(
-        err.contains("127.0.0.300") && err.contains("line 6"),
+        err.contains("127.0.0.300") && err.contains("line 9"),
         "{err}"
     );
     assert_eq!(
@@ -283,4 +283,83 @@ async fn sigterm_drains_then_closes() {
         log.contains("drain deadline reached") && log.contains("drained"),
         "{log}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_time_out_and_log_level_changes_at_run_time() {
+    let a = Addrs { n: 52 };
+    let yaml = mesh_yaml(a, "echo");
+    let mesh = Mesh::start_with(a, &yaml, &yaml, |o| {
+        o.extra.extend(["--idle-timeout".into(), "300ms".into()]);
+    })
+    .await
+    .unwrap();
+    let mut s = socks5::connect(
+        mesh.a.socks5,
+        Some(IpAddr::V4(a.client())),
+        SocketAddr::from((a.echo(), 8080)),
+    )
+    .await
+    .unwrap();
+    let start = std::time::Instant::now();
+    let mut buf = [0u8; 1];
+    let n = tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::io::AsyncReadExt::read(&mut s, &mut buf),
+    )
+    .await
+    .expect("an idle connection must be closed");
+    assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+    assert!(
+        start.elapsed() >= Duration::from_millis(250),
+        "closed too early: {:?}",
+        start.elapsed()
+    );
+    let l = eventually(Duration::from_secs(5), "idle log", || async {
+        mesh.a
+            .access_logs()
+            .into_iter()
+            .find(|l| l["error"] == "idle timeout")
+    })
+    .await;
+    assert_eq!(l["direction"], "outbound");
+
+    // /logging: read, change, refuse a bad filter.
+    let (code, body) = mesh.a.admin_get("/logging").await.unwrap();
+    assert_eq!((code, body.trim()), (200, "info"));
+    let (code, _) = mesh
+        .a
+        .http(mesh.a.admin, "POST", "/logging?level=weft_proxy=debug,info")
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    let (_, body) = mesh.a.admin_get("/logging").await.unwrap();
+    assert!(body.contains("weft_proxy=debug"), "{body}");
+    let (code, body) = mesh
+        .a
+        .http(mesh.a.admin, "POST", "/logging?level=[[[")
+        .await
+        .unwrap();
+    assert_eq!(code, 400, "{body}");
+    // Debug lines now appear.
+    let s = socks5::connect(
+        mesh.a.socks5,
+        Some(IpAddr::V4(a.client())),
+        SocketAddr::from((a.echo(), 8080)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(workload::round_trip(s, b"x").await.unwrap(), b"x");
+    eventually(Duration::from_secs(5), "debug line", || async {
+        mesh.a
+            .log_lines()
+            .into_iter()
+            .find(|l| l["level"] == "DEBUG" && l["message"] == "connection established")
+    })
+    .await;
+    // Readiness stays on 127.0.x.254 only where asked; the admin server refuses a non-loopback bind.
+    let (code, body) = weft_devmesh::http::get(mesh.a.readiness, "/healthz/ready")
+        .await
+        .unwrap();
+    assert_eq!((code, body.as_str()), (200, "ready\n"));
 }

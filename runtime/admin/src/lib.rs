@@ -190,3 +190,70 @@ async fn route(
         _ => text(StatusCode::NOT_FOUND, "not found\n", PLAIN),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Nothing;
+
+    impl AdminHandler for Nothing {
+        fn config_dump(&self) -> serde_json::Value {
+            serde_json::json!({})
+        }
+        fn readiness(&self) -> Result<(), Vec<String>> {
+            Err(vec!["config not loaded".into()])
+        }
+        fn log_level(&self) -> String {
+            "info".into()
+        }
+        fn set_log_level(&self, level: &str) -> Result<String, String> {
+            Ok(level.into())
+        }
+        fn metrics(&self) -> String {
+            String::new()
+        }
+        fn quit(&self) {}
+    }
+
+    #[tokio::test]
+    async fn admin_refuses_a_non_loopback_address() {
+        let r = serve(
+            Server::Admin,
+            "0.0.0.0:0".parse().unwrap(),
+            Arc::new(Nothing),
+            CancellationToken::new(),
+        )
+        .await;
+        assert!(matches!(r, Err(AdminError::NotLoopback(_))), "{r:?}");
+        // Metrics and readiness may bind anywhere.
+        let stop = CancellationToken::new();
+        let a = serve(
+            Server::Readiness,
+            "0.0.0.0:0".parse().unwrap(),
+            Arc::new(Nothing),
+            stop.clone(),
+        )
+        .await
+        .unwrap();
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", a.port()))
+            .await
+            .unwrap();
+        tokio::io::AsyncWriteExt::write_all(
+            &mut s,
+            b"GET /healthz/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut s, &mut out)
+            .await
+            .unwrap();
+        assert!(
+            out.starts_with("HTTP/1.1 500") && out.contains("not ready: config not loaded"),
+            "{out}"
+        );
+        stop.cancel();
+    }
+}

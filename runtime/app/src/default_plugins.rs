@@ -6,7 +6,9 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
-use weft_state::{FailurePolicy, PluginDirections, PluginKind, PluginSource, PluginSpec, WorkloadSelector};
+use weft_state::{
+    FailurePolicy, PluginDirections, PluginKind, PluginSource, PluginSpec, WorkloadSelector,
+};
 
 static ISTIO_AUTHZ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/istio_authz.wasm"));
 static ISTIO_TELEMETRY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/istio_telemetry.wasm"));
@@ -16,13 +18,19 @@ pub const AUTHZ: &str = "istio-authz";
 /// Name of the default telemetry plugin.
 pub const TELEMETRY: &str = "istio-telemetry";
 
-fn spec(name: &str, kind: PluginKind, code: &'static [u8], failure_policy: FailurePolicy) -> Arc<PluginSpec> {
+fn spec(
+    name: &str,
+    kind: PluginKind,
+    code: &'static [u8],
+    config: &str,
+    failure_policy: FailurePolicy,
+) -> Arc<PluginSpec> {
     Arc::new(PluginSpec {
         name: name.to_owned(),
         kind,
         source: PluginSource::Inline(Arc::new(code.to_vec())),
         sha256: None,
-        config: "{}".to_owned(),
+        config: config.to_owned(),
         failure_policy,
         priority: 0,
         selector: WorkloadSelector::default(),
@@ -39,15 +47,32 @@ pub fn defaults() -> &'static [Arc<PluginSpec>] {
     static SPECS: OnceLock<Vec<Arc<PluginSpec>>> = OnceLock::new();
     SPECS.get_or_init(|| {
         vec![
-            spec(AUTHZ, PluginKind::Policy, ISTIO_AUTHZ, FailurePolicy::FailClosed),
-            spec(TELEMETRY, PluginKind::Telemetry, ISTIO_TELEMETRY, FailurePolicy::FailOpen),
+            spec(
+                AUTHZ,
+                PluginKind::Policy,
+                ISTIO_AUTHZ,
+                "{}",
+                FailurePolicy::FailClosed,
+            ),
+            // weft's built-in access log (target `access`) is on already; configure this plugin with
+            // `accessLog: text|json` to have it write Istio's access log instead.
+            spec(
+                TELEMETRY,
+                PluginKind::Telemetry,
+                ISTIO_TELEMETRY,
+                r#"{"accessLog": "off"}"#,
+                FailurePolicy::FailOpen,
+            ),
         ]
     })
 }
 
 /// The defaults (when enabled) overlaid with the configured plugins: a configured plugin replaces a default of the
 /// same name.
-pub fn merge(enabled: bool, configured: impl Iterator<Item = Arc<PluginSpec>>) -> Vec<Arc<PluginSpec>> {
+pub fn merge(
+    enabled: bool,
+    configured: impl Iterator<Item = Arc<PluginSpec>>,
+) -> Vec<Arc<PluginSpec>> {
     let mut by_name: BTreeMap<String, Arc<PluginSpec>> = BTreeMap::new();
     if enabled {
         for s in defaults() {
@@ -75,7 +100,10 @@ mod tests {
         mine.config = r#"{"x": 1}"#.into();
         let merged = merge(true, std::iter::once(Arc::new(mine)));
         assert_eq!(merged.len(), 2);
-        assert_eq!(merged.iter().find(|s| s.name == AUTHZ).unwrap().config, r#"{"x": 1}"#);
+        assert_eq!(
+            merged.iter().find(|s| s.name == AUTHZ).unwrap().config,
+            r#"{"x": 1}"#
+        );
         assert!(merge(false, std::iter::empty()).is_empty());
     }
 }

@@ -32,8 +32,10 @@ pub struct HostConfig {
     pub max_series_per_plugin: usize,
     /// Longest deny reason kept (longer: the call counts as failed, failure policy applies).
     pub max_reason_len: usize,
-    /// Log lines a plugin may write per second (burst the same); more are dropped and counted.
+    /// Log lines a policy plugin may write per second (burst the same); more are dropped and counted.
     pub log_lines_per_sec: u32,
+    /// Log lines a telemetry plugin may write per second: an access log writes one per connection.
+    pub telemetry_log_lines_per_sec: u32,
     /// Longest log line (longer lines are truncated).
     pub max_log_len: usize,
     /// Telemetry events queued for the telemetry thread; when full, events are dropped and counted.
@@ -58,6 +60,7 @@ impl Default for HostConfig {
             max_series_per_plugin: 10_000,
             max_reason_len: 1024,
             log_lines_per_sec: 20,
+            telemetry_log_lines_per_sec: 20_000,
             max_log_len: 1024,
             telemetry_queue: 16 * 1024,
             telemetry_batch: 256,

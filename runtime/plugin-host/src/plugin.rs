@@ -80,7 +80,10 @@ impl PluginVersion {
             ),
             counters,
             hub: shared.hub.clone(),
-            log: LogLimiter::new(shared.config.log_lines_per_sec),
+            log: LogLimiter::new(match spec.kind {
+                PluginKind::Policy => shared.config.log_lines_per_sec,
+                PluginKind::Telemetry => shared.config.telemetry_log_lines_per_sec,
+            }),
             max_log_len: shared.config.max_log_len,
             epoch_start: shared.epoch_start,
         });
