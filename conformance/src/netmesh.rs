@@ -1,9 +1,13 @@
 //! Two nodes as two network namespaces joined by a veth pair, as on a cluster: node A's outbound TCP is captured by
 //! iptables REDIRECT to weft's 15001 (weft's own sockets carry a mark and are skipped); node B's inbound plaintext
 //! to the workload port is redirected to 15006. Needs root.
+//!
+//! [`NetMesh::start`] builds the standard layout (10.248.N.1 and .2); [`NetMesh::start_with`] takes a [`Layout`]:
+//! other link addresses, extra addresses of any family, the same capture for IPv6, extra `weft run` flags per node
+//! and the initial mesh file.
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use weft_devmesh::netns::{Netns, link};
@@ -34,6 +38,53 @@ pub fn yaml(client: Ipv4Addr, server: Ipv4Addr) -> String {
   services: {{}}
 "#
     )
+}
+
+/// Addresses and flags of a mesh built by [`NetMesh::start_with`].
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// Node A's address on the link (the client workload's IP).
+    pub client_ip: Ipv4Addr,
+    /// Node B's address on the link (the server workload's IP).
+    pub server_ip: Ipv4Addr,
+    /// Prefix length of both link addresses (they share one subnet).
+    pub prefix: u8,
+    /// More addresses (`ip/len`, IPv4 or IPv6) on node A's end of the link; IPv6 ones skip duplicate address
+    /// detection, so they can be bound at once.
+    pub extra_a: Vec<String>,
+    /// More addresses on node B's end of the link.
+    pub extra_b: Vec<String>,
+    /// `weft run` flags for node A after the standard ones (a flag given twice: the last one wins).
+    pub flags_a: Vec<String>,
+    /// `weft run` flags for node B after the standard ones.
+    pub flags_b: Vec<String>,
+    /// Also capture IPv6 (ip6tables rules like the IPv4 ones). weft's capture listeners then need IPv6 addresses:
+    /// e.g. `--outbound [::]:15001` for node A, `--inbound-plaintext [::]:15006` for node B.
+    pub capture_ipv6: bool,
+}
+
+impl Layout {
+    /// Client and server on `client_ip/prefix` and `server_ip/prefix`, nothing extra.
+    pub fn new(client_ip: Ipv4Addr, server_ip: Ipv4Addr, prefix: u8) -> Self {
+        Self {
+            client_ip,
+            server_ip,
+            prefix,
+            extra_a: Vec::new(),
+            extra_b: Vec::new(),
+            flags_a: Vec::new(),
+            flags_b: Vec::new(),
+            capture_ipv6: false,
+        }
+    }
+}
+
+fn add_addr(ns: &Netns, dev: &str, cidr: &str) -> Result<(), String> {
+    if cidr.contains(':') {
+        ns.exec("ip", &["addr", "add", cidr, "dev", dev, "nodad"])
+    } else {
+        ns.exec("ip", &["addr", "add", cidr, "dev", dev])
+    }
 }
 
 /// A running two-namespace mesh; nodes are killed and namespaces deleted on drop.
@@ -79,69 +130,88 @@ fn node_opts(
 impl NetMesh {
     /// Build the namespaces, capture rules and both nodes; `tag` keeps names unique, `subnet` picks 10.248.<subnet>.x.
     pub async fn start(tag: &str, subnet: u8, log: &str) -> Result<Self, String> {
-        let id = std::process::id() % 100_000;
-        let ns_a = Netns::create(&format!("weft-{tag}a-{id}"))?;
-        let ns_b = Netns::create(&format!("weft-{tag}b-{id}"))?;
         let (client_ip, server_ip) = (
             Ipv4Addr::new(10, 248, subnet, 1),
             Ipv4Addr::new(10, 248, subnet, 2),
         );
+        let layout = Layout::new(client_ip, server_ip, 24);
+        Self::start_with(tag, &layout, &yaml(client_ip, server_ip), log).await
+    }
+
+    /// Like [`NetMesh::start`] with the addresses and extra flags of `layout`, and `mesh_yaml` as the mesh file
+    /// (both nodes read it: [`NetMesh::config_path`]).
+    pub async fn start_with(
+        tag: &str,
+        layout: &Layout,
+        mesh_yaml: &str,
+        log: &str,
+    ) -> Result<Self, String> {
+        let id = std::process::id() % 100_000;
+        let ns_a = Netns::create(&format!("weft-{tag}a-{id}"))?;
+        let ns_b = Netns::create(&format!("weft-{tag}b-{id}"))?;
+        let (client_ip, server_ip) = (layout.client_ip, layout.server_ip);
         let (ia, ib) = (format!("wv{tag}a"), format!("wv{tag}b"));
         link(
             &ns_a,
             &ia,
-            &format!("{client_ip}/24"),
+            &format!("{client_ip}/{}", layout.prefix),
             &ns_b,
             &ib,
-            &format!("{server_ip}/24"),
+            &format!("{server_ip}/{}", layout.prefix),
         )?;
+        for cidr in &layout.extra_a {
+            add_addr(&ns_a, &ia, cidr)?;
+        }
+        for cidr in &layout.extra_b {
+            add_addr(&ns_b, &ib, cidr)?;
+        }
         let mark = format!("{MARK:#x}");
-        ns_a.exec(
-            "iptables",
-            &[
-                "-t",
-                "nat",
-                "-A",
-                "OUTPUT",
-                "-p",
-                "tcp",
-                "-o",
-                &ia,
-                "-m",
-                "mark",
-                "!",
-                "--mark",
-                &mark,
-                "-j",
-                "REDIRECT",
-                "--to-ports",
-                "15001",
-            ],
-        )?;
-        ns_b.exec(
-            "iptables",
-            &[
-                "-t",
-                "nat",
-                "-A",
-                "PREROUTING",
-                "-p",
-                "tcp",
-                "-i",
-                &ib,
-                "--dport",
-                "8080",
-                "-j",
-                "REDIRECT",
-                "--to-ports",
-                "15006",
-            ],
-        )?;
+        let outbound_rule = [
+            "-t",
+            "nat",
+            "-A",
+            "OUTPUT",
+            "-p",
+            "tcp",
+            "-o",
+            &ia,
+            "-m",
+            "mark",
+            "!",
+            "--mark",
+            &mark,
+            "-j",
+            "REDIRECT",
+            "--to-ports",
+            "15001",
+        ];
+        let inbound_rule = [
+            "-t",
+            "nat",
+            "-A",
+            "PREROUTING",
+            "-p",
+            "tcp",
+            "-i",
+            &ib,
+            "--dport",
+            "8080",
+            "-j",
+            "REDIRECT",
+            "--to-ports",
+            "15006",
+        ];
+        ns_a.exec("iptables", &outbound_rule)?;
+        ns_b.exec("iptables", &inbound_rule)?;
+        if layout.capture_ipv6 {
+            ns_a.exec("ip6tables", &outbound_rule)?;
+            ns_b.exec("ip6tables", &inbound_rule)?;
+        }
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let ca = dir.path().join("ca");
         weft_devmesh::write_dev_ca(&ca, "cluster.local").map_err(|e| e.to_string())?;
         let config = dir.path().join("mesh.yaml");
-        std::fs::write(&config, yaml(client_ip, server_ip)).map_err(|e| e.to_string())?;
+        std::fs::write(&config, mesh_yaml).map_err(|e| e.to_string())?;
         let weft = weft_devmesh::weft_binary()?;
         let common = [
             "--mark",
@@ -151,8 +221,10 @@ impl NetMesh {
             "--hbone",
             "0.0.0.0:15008",
         ];
-        let a_extra = [&common[..], &["--inbound-plaintext", "off"]].concat();
-        let b_extra = [&common[..], &["--outbound", "off"]].concat();
+        let flags_a: Vec<&str> = layout.flags_a.iter().map(String::as_str).collect();
+        let flags_b: Vec<&str> = layout.flags_b.iter().map(String::as_str).collect();
+        let a_extra = [&common[..], &["--inbound-plaintext", "off"], &flags_a].concat();
+        let b_extra = [&common[..], &["--outbound", "off"], &flags_b].concat();
         let mut a = NodeProcess::spawn(
             &weft,
             &node_opts("node-a", &ns_a, &config, &ca, dir.path(), &a_extra, log),
@@ -180,11 +252,20 @@ impl NetMesh {
     pub fn server(&self) -> SocketAddr {
         SocketAddr::from((self.server_ip, 8080))
     }
+
+    /// The mesh file both nodes watch (rewrite it to change the mesh).
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("mesh.yaml")
+    }
 }
 
 /// Connect from inside node A's namespace; `bypass` marks the socket so capture skips it (a direct connection).
 pub async fn connect(dst: SocketAddr, bypass: bool) -> std::io::Result<tokio::net::TcpStream> {
-    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(dst),
+        socket2::Type::STREAM,
+        None,
+    )?;
     if bypass {
         sock.set_mark(MARK)?;
     }

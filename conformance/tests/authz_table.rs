@@ -6,7 +6,11 @@
 //! policies), a client in node A's namespace connects to the case's destination: captured and tunnelled over HBONE
 //! when the case has an identity, plaintext past node A's capture when it has none. Allow: the echo comes back.
 //! Deny: the connection is closed without data (over HBONE node A got a 401), and node B's access log names the
-//! case's reason. Needs root.
+//! case's reason.
+//!
+//! IPv4 and IPv6 cases run on two meshes: weft's capture listener is one address (`--outbound`), 0.0.0.0:15001
+//! takes no IPv6, and a dual-stack [::]:15001 loses the IPv4 connections (they arrive IPv4-mapped and weft finds
+//! no original destination for them). Needs root.
 #![allow(clippy::unwrap_used)] // a test panics to fail
 
 use std::collections::BTreeMap;
@@ -17,7 +21,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use serde_yaml::{Mapping, Value};
 use weft_conformance::netmesh::{Layout, NetMesh, connect};
-use weft_devmesh::{NodeProcess, socks5, workload};
+use weft_devmesh::{NodeProcess, workload};
 
 /// The client workload's addresses (node A's end of the link).
 const CLIENT_V4: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
@@ -25,8 +29,6 @@ const CLIENT_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 7);
 /// The server workload's addresses (node B's end).
 const SERVER_V4: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
 const SERVER_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 2);
-/// Node A's SOCKS5 listener, on the client's IPv6 address (the IPv6 cases' way into node A, see `Route::Socks5`).
-const SOCKS5_PORT: u16 = 15080;
 /// The only port node B's capture sends to its plaintext listener (netmesh's rule).
 const PLAINTEXT_PORT: u16 = 8080;
 /// Trust domain of the dev CA and of workloads that name none.
@@ -116,10 +118,6 @@ fn load_cases() -> Vec<Case> {
 enum Route {
     /// An unmodified client; node A's capture sends it over HBONE.
     Capture,
-    /// Over node A's SOCKS5 listener, then HBONE. For IPv6: weft's capture listener is one address (`--outbound`),
-    /// and 0.0.0.0:15001 takes no IPv6 while a dual-stack [::]:15001 would see the IPv4 connections as
-    /// IPv4-mapped addresses; SOCKS5 reaches the same outbound path (and node B's HBONE inbound) for IPv6.
-    Socks5,
     /// A non-mesh client: its socket is marked so node A's capture skips it; node B's capture takes it to 15006.
     Plaintext,
 }
@@ -128,7 +126,6 @@ impl Route {
     fn as_str(self) -> &'static str {
         match self {
             Route::Capture => "hbone",
-            Route::Socks5 => "hbone(socks5)",
             Route::Plaintext => "plaintext",
         }
     }
@@ -160,8 +157,9 @@ fn parse_spiffe(id: &str) -> Option<Spiffe> {
 fn plan(case: &Case) -> Result<Route, &'static str> {
     if case.workload.is_none() {
         return Err(
-            "destination workload unknown: weft only admits connections to a workload of its own node (HBONE \
-             CONNECT: 400, plaintext: closed) before any plugin is asked",
+            "destination workload unknown: weft refuses inbound connections to anything but a workload of its own \
+             node before policy runs (HBONE CONNECT: 400, plaintext: closed), so the plugin never sees one; host \
+             harness only",
         );
     }
     let src_ok = case.src == IpAddr::V4(CLIENT_V4) || case.src == IpAddr::V6(CLIENT_V6);
@@ -171,9 +169,7 @@ fn plan(case: &Case) -> Result<Route, &'static str> {
     }
     match &case.identity {
         Some(id) if parse_spiffe(id).is_none() => Err("identity is not a Kubernetes SPIFFE id"),
-        Some(_) if case.src.is_ipv4() => Ok(Route::Capture),
-        Some(_) => Ok(Route::Socks5),
-        None if case.src.is_ipv6() => Err("plaintext IPv6: node B's capture redirects IPv4 only"),
+        Some(_) => Ok(Route::Capture),
         None if case.dst.port() != PLAINTEXT_PORT => {
             Err("plaintext to a port node B's capture does not redirect")
         }
@@ -292,11 +288,15 @@ async fn version(node: &NodeProcess) -> u64 {
 
 /// Wait until `node` serves a version after `before`; returns (version, its config dump).
 async fn wait_version(node: &NodeProcess, before: u64) -> (u64, serde_json::Value) {
-    let got = wait_for(Duration::from_secs(10), "the new config version", || async {
-        let d = node.config_dump().await.ok()?;
-        let v = d["version"].as_u64()?;
-        (v > before).then_some((v, d))
-    })
+    let got = wait_for(
+        Duration::from_secs(10),
+        "the new config version",
+        || async {
+            let d = node.config_dump().await.ok()?;
+            let v = d["version"].as_u64()?;
+            (v > before).then_some((v, d))
+        },
+    )
     .await;
     match got {
         Ok(v) => v,
@@ -361,25 +361,22 @@ enum Seen {
     Other(String),
 }
 
+impl Seen {
+    fn summary(&self) -> String {
+        match self {
+            Seen::Echoed => "echoed".into(),
+            Seen::Closed(how) => format!("closed: {how}"),
+            Seen::Other(what) => format!("unexpected: {what}"),
+        }
+    }
+}
+
 const PAYLOAD: &[u8] = b"istio-authz end to end\n";
 
-async fn attempt(mesh: &NetMesh, route: Route, src: IpAddr, dst: SocketAddr) -> Seen {
+async fn attempt(mesh: &NetMesh, route: Route, dst: SocketAddr) -> Seen {
     let h = mesh.ns_a.run(move || async move {
         let work = async {
-            let stream = match route {
-                Route::Capture => connect(dst, false).await,
-                Route::Plaintext => connect(dst, true).await,
-                Route::Socks5 => {
-                    match socks5::connect(SocketAddr::new(src, SOCKS5_PORT), Some(src), dst).await {
-                        Ok(s) => Ok(s),
-                        Err(socks5::Socks5Error::Reply(2)) => {
-                            return Seen::Closed("SOCKS5 reply 2 (not allowed)".into());
-                        }
-                        Err(e) => return Seen::Other(format!("SOCKS5: {e}")),
-                    }
-                }
-            };
-            let stream = match stream {
+            let stream = match connect(dst, route == Route::Plaintext).await {
                 Ok(s) => s,
                 Err(e) => return Seen::Other(format!("connect: {e}")),
             };
@@ -401,15 +398,19 @@ async fn attempt(mesh: &NetMesh, route: Route, src: IpAddr, dst: SocketAddr) -> 
         .unwrap()
 }
 
-/// Run one case on a mesh that serves its config; returns what disagrees with the case.
-async fn check_case(mesh: &NetMesh, case: &Case, route: Route) -> Vec<String> {
+/// Run one case on a mesh that serves its config; returns what the client saw and what disagrees with the case.
+async fn check_case(mesh: &NetMesh, case: &Case, route: Route) -> (String, Vec<String>) {
     let mut problems = Vec::new();
     let (a_before, b_before) = (mesh.a.access_logs().len(), mesh.b.access_logs().len());
-    let seen = attempt(mesh, route, case.src, case.dst).await;
+    let seen = attempt(mesh, route, case.dst).await;
     match (case.expect, &seen) {
         (Expect::Allow, Seen::Echoed) | (Expect::Deny, Seen::Closed(_)) => {}
-        _ => problems.push(format!("expected {:?}, the client saw {seen:?}", case.expect)),
+        _ => problems.push(format!(
+            "expected {:?}, the client saw {seen:?}",
+            case.expect
+        )),
     }
+    let seen = seen.summary();
     // Node B logs every inbound connection: denied at once, allowed when it ends.
     let lines = wait_for(Duration::from_secs(5), "node B's access log", || async {
         let l = access_after(&mesh.b, b_before);
@@ -420,7 +421,7 @@ async fn check_case(mesh: &NetMesh, case: &Case, route: Route) -> Vec<String> {
         Ok(l) => l,
         Err(e) => {
             problems.push(e);
-            return problems;
+            return (seen, problems);
         }
     };
     if lines.len() != 1 {
@@ -477,10 +478,69 @@ async fn check_case(mesh: &NetMesh, case: &Case, route: Route) -> Vec<String> {
             problems.push(e);
         }
     }
-    problems
+    (seen, problems)
 }
 
 // ---- the test --------------------------------------------------------------------------------------------------
+
+/// One mesh and what its node B's plugin was last handed.
+struct Lane {
+    mesh: NetMesh,
+    policies_b: serde_json::Value,
+}
+
+/// Both meshes have both address families (the mesh file lists both); the IPv6 one captures IPv6.
+async fn start_lane(ipv6: bool, first: &Case, dsts: Vec<SocketAddr>) -> Lane {
+    let mut layout = Layout::new(CLIENT_V4, SERVER_V4, 24);
+    layout.extra_a.push(format!("{CLIENT_V6}/64"));
+    layout.extra_b.push(format!("{SERVER_V6}/64"));
+    let poll = ["--config-poll".to_owned(), "10ms".to_owned()];
+    layout.flags_a.extend(poll.clone());
+    layout.flags_b.extend(poll);
+    // One HBONE listener per server address (0.0.0.0:15008 takes no IPv6).
+    layout
+        .flags_b
+        .extend(["--hbone".to_owned(), "workloads".to_owned()]);
+    if ipv6 {
+        layout.capture_ipv6 = true;
+        layout
+            .flags_a
+            .extend(["--outbound".to_owned(), "[::]:15001".to_owned()]);
+        layout
+            .flags_b
+            .extend(["--inbound-plaintext".to_owned(), "[::]:15006".to_owned()]);
+    }
+    let tag = if ipv6 { "z6" } else { "z4" };
+    let mesh = NetMesh::start_with(tag, &layout, &mesh_file(first, "start"), "info")
+        .await
+        .expect("network namespaces (needs root)");
+    // Echo servers on every destination the lane's cases dial, on a thread in node B's namespace that keeps
+    // serving (it reports once they are bound).
+    let (tx, rx) = std::sync::mpsc::channel();
+    let _serving = mesh.ns_b.run(move || async move {
+        let mut tasks = Vec::new();
+        for d in dsts {
+            match workload::echo_server(d).await {
+                Ok((_, t)) => tasks.push(t),
+                Err(e) => {
+                    let _ = tx.send(Err(format!("echo server on {d}: {e}")));
+                    return;
+                }
+            }
+        }
+        let _ = tx.send(Ok(()));
+        for t in tasks {
+            let _ = t.await;
+        }
+    });
+    tokio::task::spawn_blocking(move || rx.recv())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let policies_b = mesh.b.config_dump().await.unwrap()["policies"].clone();
+    Lane { mesh, policies_b }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn istio_authz_case_table_end_to_end() {
@@ -489,46 +549,29 @@ async fn istio_authz_case_table_end_to_end() {
     assert!(cases.len() >= 40, "only {} cases", cases.len());
     let planned: Vec<(&Case, Result<Route, &'static str>)> =
         cases.iter().map(|c| (c, plan(c))).collect();
-    let runnable: Vec<(&Case, Route)> = planned
-        .iter()
-        .filter_map(|(c, r)| r.ok().map(|r| (*c, r)))
-        .collect();
+    let lane_cases = |v6: bool| -> Vec<&Case> {
+        planned
+            .iter()
+            .filter(|(c, r)| r.is_ok() && c.src.is_ipv6() == v6)
+            .map(|(c, _)| *c)
+            .collect()
+    };
+    let mut lanes: Vec<Option<Lane>> = Vec::new();
+    for v6 in [false, true] {
+        let mine = lane_cases(v6);
+        let lane = match mine.first() {
+            Some(first) => {
+                let mut dsts: Vec<SocketAddr> = mine.iter().map(|c| c.dst).collect();
+                dsts.sort();
+                dsts.dedup();
+                Some(start_lane(v6, first, dsts).await)
+            }
+            None => None,
+        };
+        lanes.push(lane);
+    }
+    let setup = started.elapsed();
 
-    let mut layout = Layout::new(CLIENT_V4, SERVER_V4, 24);
-    layout.extra_a.push(format!("{CLIENT_V6}/64"));
-    layout.extra_b.push(format!("{SERVER_V6}/64"));
-    let poll = ["--config-poll".to_owned(), "10ms".to_owned()];
-    layout.flags_a.extend(poll.clone());
-    layout.flags_a.extend([
-        "--socks5".to_owned(),
-        SocketAddr::new(IpAddr::V6(CLIENT_V6), SOCKS5_PORT).to_string(),
-    ]);
-    layout.flags_b.extend(poll);
-    // One HBONE listener per server address (0.0.0.0:15008 would take no IPv6).
-    layout
-        .flags_b
-        .extend(["--hbone".to_owned(), "workloads".to_owned()]);
-    let first = runnable.first().expect("no case can run end to end").0;
-    let mesh = NetMesh::start_with("z", &layout, &mesh_file(first, "start"), "info")
-        .await
-        .expect("network namespaces (needs root)");
-
-    // Echo servers on every destination the cases dial.
-    let mut dsts: Vec<SocketAddr> = runnable.iter().map(|(c, _)| c.dst).collect();
-    dsts.sort();
-    dsts.dedup();
-    let _echo = mesh.ns_b.run(move || async move {
-        let mut tasks = Vec::new();
-        for d in dsts {
-            tasks.push(workload::echo_server(d).await.unwrap().1);
-        }
-        for t in tasks {
-            let _ = t.await;
-        }
-    });
-
-    let config = mesh.config_path();
-    let mut policies_b = mesh.b.config_dump().await.unwrap()["policies"].clone();
     let mut failures = Vec::new();
     let mut ran = 0usize;
     let mut skipped: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
@@ -541,28 +584,31 @@ async fn istio_authz_case_table_end_to_end() {
                 continue;
             }
         };
+        let lane = lanes[usize::from(case.src.is_ipv6())].as_mut().unwrap();
+        let mesh = &lane.mesh;
         let t = Instant::now();
         let (va, vb) = (version(&mesh.a).await, version(&mesh.b).await);
         std::fs::write(
-            &config,
+            mesh.config_path(),
             mesh_file(case, &format!("case {}: {}", i + 1, case.name)),
         )
         .unwrap();
         wait_version(&mesh.a, va).await;
         let (vb, dump_b) = wait_version(&mesh.b, vb).await;
-        if dump_b["policies"] != policies_b {
+        if dump_b["policies"] != lane.policies_b {
             wait_plugin_applied(&mesh.b, vb).await;
-            policies_b = dump_b["policies"].clone();
+            lane.policies_b = dump_b["policies"].clone();
         }
         let applied = t.elapsed();
-        let problems = check_case(&mesh, case, route).await;
+        let (seen, problems) = check_case(mesh, case, route).await;
         ran += 1;
         println!(
-            "{} {:2} {:<55} {:<13} {:<5} (config {} ms, total {} ms)",
+            "{} {:2} {:<52} {:<9} {:<4} {:<5} {seen} (config {} ms, total {} ms)",
             if problems.is_empty() { "ok  " } else { "FAIL" },
             i + 1,
             case.name,
             route.as_str(),
+            if case.src.is_ipv6() { "ipv6" } else { "ipv4" },
             format!("{:?}", case.expect).to_lowercase(),
             applied.as_millis(),
             t.elapsed().as_millis()
@@ -579,7 +625,7 @@ async fn istio_authz_case_table_end_to_end() {
         .map(|(why, names)| format!("{}: {why}", names.join(", ")))
         .collect();
     println!(
-        "authz table end to end: {ran} cases, {} skipped ({}) in {:.1?}",
+        "authz table end to end: {ran} cases, {} skipped ({}); {:.1?} (meshes up in {setup:.1?})",
         cases.len() - ran,
         if why.is_empty() {
             "none".to_owned()
