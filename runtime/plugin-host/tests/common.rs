@@ -1,6 +1,5 @@
 //! Shared helpers for the plugin-host integration tests: building the repository's plugins and making specs.
 #![allow(clippy::unwrap_used)] // a test panics to fail
-
 #![allow(dead_code)]
 
 use std::path::PathBuf;

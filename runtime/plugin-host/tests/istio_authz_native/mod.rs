@@ -2,7 +2,6 @@
 //! state's policies and the connection records the host sees: the reference the Wasm plugin is checked against
 //! in `tests/istio_authz.rs` and benchmarked against in `benches/istio_authz.rs`.
 #![allow(clippy::unwrap_used)] // a test panics to fail
-
 #![allow(dead_code)]
 
 #[path = "../../../../plugins/istio-authz/src/engine.rs"]
