@@ -10,10 +10,10 @@ use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use weft_conformance::load::{conn_rate, rr_server};
+use weft_conformance::load::{close_server, conn_rate};
 use weft_conformance::netmesh::{Layout, NetMesh, yaml};
 
-const RR: u16 = 9001;
+const CLOSE: u16 = 9002;
 
 fn policies(total: usize) -> String {
     let mut out = String::from("policies:\n");
@@ -61,14 +61,15 @@ async fn scenario(
     let mut mesh = NetMesh::start_with(tag, &layout, &mesh_yaml, "warn")
         .await
         .expect("netns mesh (root, release weft)");
-    let dst = SocketAddr::from((server, RR));
-    let _srv = mesh.ns_b.run(move || rr_server(dst));
+    let dst = SocketAddr::from((server, CLOSE));
+    let _srv = mesh.ns_b.run(move || close_server(dst));
     let r = mesh
         .ns_a
         .run(move || async move {
             tokio::time::sleep(Duration::from_millis(200)).await;
             let _ = conn_rate(dst, false, Duration::from_millis(500), 4).await;
-            conn_rate(dst, false, Duration::from_secs(secs), conc).await
+            let (ok, failed, took) = conn_rate(dst, false, Duration::from_secs(secs), conc).await;
+            (ok as f64 / took, failed)
         })
         .join()
         .unwrap()

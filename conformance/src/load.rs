@@ -1,5 +1,5 @@
-//! Load for benchmarks: a one-byte request/response server, and a connection-rate client (connect, one byte each
-//! way, close) that counts successes and failures in a time window.
+//! Load for benchmarks: a one-byte request/response server (keep-alive), a one-shot server that closes first, and
+//! a connection-rate client that counts successes and failures in a time window.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -23,14 +23,31 @@ pub async fn rr_server(addr: SocketAddr) -> std::io::Result<()> {
     }
 }
 
-/// New connections per second to `dst` over `window` with `concurrency` loops (from node A's namespace; `bypass`
-/// skips capture). Returns (connections/s, failures).
+/// Serve "answer one byte, then close" on `addr` forever: the server closes first, as an HTTP server does for
+/// `Connection: close`, so TIME_WAIT lands on the server side and the client's port search stays cheap.
+pub async fn close_server(addr: SocketAddr) -> std::io::Result<()> {
+    let lis = tokio::net::TcpListener::bind(addr).await?;
+    loop {
+        let (mut s, _) = lis.accept().await?;
+        let _ = s.set_nodelay(true);
+        tokio::spawn(async move {
+            let mut b = [0u8; 1];
+            if let Ok(1) = s.read(&mut b).await {
+                let _ = s.write_all(&b).await;
+            }
+        });
+    }
+}
+
+/// New connections to a [`close_server`] at `dst` over `window` with `concurrency` loops (from node A's
+/// namespace; `bypass` skips capture): connect, one byte each way, wait for the server's FIN, close. Returns
+/// (completed, failed, seconds it really took).
 pub async fn conn_rate(
     dst: SocketAddr,
     bypass: bool,
     window: Duration,
     concurrency: usize,
-) -> (f64, u64) {
+) -> (u64, u64, f64) {
     let deadline = Instant::now() + window;
     let start = Instant::now();
     let mut tasks = Vec::new();
@@ -43,7 +60,10 @@ pub async fn conn_rate(
                     s.write_all(b"q").await?;
                     let mut b = [0u8; 1];
                     s.read_exact(&mut b).await?;
-                    std::io::Result::Ok(())
+                    match s.read(&mut b).await? {
+                        0 => std::io::Result::Ok(()),
+                        _ => Err(std::io::Error::other("server sent more than one byte")),
+                    }
                 }
                 .await;
                 if r.is_ok() { ok += 1 } else { failed += 1 }
@@ -56,7 +76,9 @@ pub async fn conn_rate(
         if let Ok((o, f)) = t.await {
             ok += o;
             failed += f;
+        } else {
+            failed += 1;
         }
     }
-    (ok as f64 / start.elapsed().as_secs_f64(), failed)
+    (ok, failed, start.elapsed().as_secs_f64())
 }

@@ -116,3 +116,80 @@ async fn captured_traffic_goes_through_hbone_and_plaintext_inbound_works() {
     assert!(mesh.a.terminate(Duration::from_secs(10)).await);
     assert!(mesh.b.terminate(Duration::from_secs(10)).await);
 }
+
+/// One dual-stack capture listener (`[::]:15001`) takes IPv4 and IPv6 connections alike: an IPv4 client arrives as
+/// an IPv4-mapped address and must still be matched to its workload and its original destination.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dual_stack_capture_listener_serves_both_families() {
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+    use weft_conformance::netmesh::Layout;
+    let (c4, s4) = (Ipv4Addr::new(10, 248, 12, 1), Ipv4Addr::new(10, 248, 12, 2));
+    let (c6, s6) = (
+        Ipv6Addr::new(0xfd00, 0, 0, 12, 0, 0, 0, 1),
+        Ipv6Addr::new(0xfd00, 0, 0, 12, 0, 0, 0, 2),
+    );
+    let mut layout = Layout::new(c4, s4, 24);
+    layout.extra_a.push(format!("{c6}/64"));
+    layout.extra_b.push(format!("{s6}/64"));
+    layout.capture_ipv6 = true;
+    layout
+        .flags_a
+        .extend(["--outbound".into(), "[::]:15001".into()]);
+    layout
+        .flags_b
+        .extend(["--hbone".into(), "workloads".into()]);
+    let yaml = weft_conformance::netmesh::yaml(c4, s4)
+        .replace(&format!("[{c4}]"), &format!("[{c4}, \"{c6}\"]"))
+        .replace(&format!("[{s4}]"), &format!("[{s4}, \"{s6}\"]"));
+    let mesh = NetMesh::start_with("d", &layout, &yaml, "info")
+        .await
+        .expect("network namespaces (needs root)");
+    let dsts = [SocketAddr::from((s4, 8080)), SocketAddr::from((s6, 8080))];
+    let (tx, rx) = std::sync::mpsc::channel();
+    let _echo = mesh.ns_b.run(move || async move {
+        let mut tasks = Vec::new();
+        for d in dsts {
+            tasks.push(workload::echo_server(d).await.unwrap().1);
+        }
+        tx.send(()).unwrap();
+        for t in tasks {
+            let _ = t.await;
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    for dst in dsts {
+        let back = mesh
+            .ns_a
+            .run(move || async move {
+                workload::round_trip(connect(dst, false).await?, b"dual stack").await
+            })
+            .join()
+            .unwrap()
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{dst}: {e}"));
+        assert_eq!(back, b"dual stack", "{dst}");
+    }
+    let logs = eventually(Duration::from_secs(5), "two inbound HBONE logs", || async {
+        let l = mesh.b.access_logs();
+        (l.len() >= 2).then_some(l)
+    })
+    .await;
+    for l in &logs {
+        assert_eq!(
+            l["src.identity"], "spiffe://cluster.local/ns/default/sa/client",
+            "{l}"
+        );
+    }
+    let srcs: Vec<String> = logs
+        .iter()
+        .map(|l| l["src.addr"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        srcs.iter().any(|s| s.starts_with(&c4.to_string())),
+        "{srcs:?}"
+    );
+    assert!(
+        srcs.iter().any(|s| s.starts_with(&format!("[{c6}]"))),
+        "{srcs:?}"
+    );
+}

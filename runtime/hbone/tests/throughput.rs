@@ -7,6 +7,7 @@
 //! ```
 //!
 //! `HBONE_BENCH_MIB` sets the bytes sent per run (default 1024 MiB).
+#![allow(clippy::unwrap_used)] // a test panics to fail
 
 mod common;
 

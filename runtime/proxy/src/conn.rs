@@ -4,12 +4,11 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tokio::io::{AsyncRead, AsyncWrite};
 use weft_hooks::{CloseRecord, ConnectionRecord, Direction, Verdict};
 
 use crate::Inner;
 use crate::metrics::DirLabels;
-use crate::relay::{Counters, RelayEnd, relay};
+use crate::relay::{Counters, RelayEnd, RelayRead, RelayWrite, relay};
 use crate::tracker::ConnControl;
 
 /// How the connection travels: `hbone`, `tcp` (plain to a non-mesh destination) or `plaintext` (inbound, no mTLS).
@@ -35,10 +34,10 @@ impl Inner {
         src: Halves<SR, SW>,
         dst: Halves<DR, DW>,
     ) where
-        SR: AsyncRead + Unpin,
-        SW: AsyncWrite + Unpin,
-        DR: AsyncRead + Unpin,
-        DW: AsyncWrite + Unpin,
+        SR: RelayRead,
+        SW: RelayWrite,
+        DR: RelayRead,
+        DW: RelayWrite,
     {
         let ctl = Arc::new(ConnControl::default());
         let _guard = self.tracker.register(record.clone(), ctl.clone());
@@ -123,6 +122,10 @@ impl Inner {
 }
 
 fn access_log(record: &ConnectionRecord, hbone_addr: Option<SocketAddr>, close: &CloseRecord) {
+    // The fields below allocate (identities, addresses): build them only when the line is written.
+    if !tracing::enabled!(target: "access", tracing::Level::INFO) {
+        return;
+    }
     let (sw, sn) = record
         .src_workload
         .as_ref()

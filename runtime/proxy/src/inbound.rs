@@ -18,7 +18,7 @@ use crate::{Inner, socket};
 impl Inner {
     /// One TCP connection on an HBONE listener.
     pub(crate) async fn handle_hbone_conn(self: Arc<Self>, tcp: TcpStream, peer: SocketAddr) {
-        let local = match tcp.local_addr() {
+        let local = match tcp.local_addr().map(socket::canonical) {
             Ok(a) => a,
             Err(e) => {
                 tracing::debug!(%peer, error = %e, "no local address");

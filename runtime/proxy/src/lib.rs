@@ -287,7 +287,8 @@ where
         };
         match accepted {
             Ok((stream, peer)) => {
-                let _ = stream.set_nodelay(true);
+                let peer = socket::canonical(peer);
+                // TCP_NODELAY is inherited from the listener (see `socket::listen`).
                 let inner = inner.clone();
                 let span = tracing::debug_span!("conn", listener = what, %peer);
                 tokio::spawn(tracing::Instrument::instrument(

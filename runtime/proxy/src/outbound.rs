@@ -335,20 +335,23 @@ impl Inner {
 
     /// A connection captured by iptables REDIRECT on the outbound port.
     pub(crate) async fn handle_captured(self: Arc<Self>, client: TcpStream, src: SocketAddr) {
-        let dst = match socket::original_dst(&client) {
-            Ok(d) => d,
+        let dst = match client
+            .local_addr()
+            .map(socket::canonical)
+            .and_then(|local| Ok((socket::original_dst(&client, local)?, local)))
+        {
+            Ok((d, local)) if d == local => {
+                self.metrics.fail("outbound", "self_call");
+                tracing::warn!(%src, dst = %d, "connection addressed to the capture port itself; closing");
+                return;
+            }
+            Ok((d, _)) => d,
             Err(e) => {
                 self.metrics.fail("outbound", "no_original_dst");
                 tracing::warn!(%src, error = %e, "captured connection has no original destination; closing");
                 return;
             }
         };
-        let local = client.local_addr().ok();
-        if Some(dst) == local {
-            self.metrics.fail("outbound", "self_call");
-            tracing::warn!(%src, %dst, "connection addressed to the capture port itself; closing");
-            return;
-        }
         if let Ok(est) = self.establish_outbound(src, dst).await {
             self.run_outbound(client, est).await;
         }

@@ -16,8 +16,12 @@ impl Inner {
         client: TcpStream,
         src: std::net::SocketAddr,
     ) {
-        let dst = match socket::original_dst(&client) {
-            Ok(d) if Some(d) != client.local_addr().ok() => d,
+        let dst = match client
+            .local_addr()
+            .map(socket::canonical)
+            .and_then(|local| Ok((socket::original_dst(&client, local)?, local)))
+        {
+            Ok((d, local)) if d != local => d,
             Ok(_) | Err(_) => {
                 self.metrics.fail("inbound", "no_original_dst");
                 tracing::warn!(%src, "plaintext inbound connection without an original destination; closing");

@@ -1,19 +1,80 @@
 //! Copying bytes both ways between two streams: half-close passed through, byte counts kept live, idle timeout,
 //! and prompt cancellation (drain, policy re-check).
+//!
+//! Bytes move as owned chunks ([`Bytes`]): a chunk read from an HBONE stream is the DATA frame h2 decoded, written
+//! to the socket as is, and a chunk read from a socket is handed to h2 without another copy. Read buffers are not
+//! zeroed and start small, growing only while reads fill them.
 
+use std::future::Future;
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use weft_hbone::{H2RecvHalf, H2SendHalf};
 
 use crate::tracker::ConnControl;
 
-/// Smallest and largest copy buffer: buffers grow when reads fill them, so idle connections stay cheap and
-/// bulk transfers use large reads.
-const MIN_BUF: usize = 16 * 1024;
+/// Smallest and largest read: reads grow (×4) while they fill the buffer, so short-lived and idle connections stay
+/// cheap and bulk transfers use large reads.
+const MIN_BUF: usize = 4 * 1024;
 const MAX_BUF: usize = 256 * 1024;
+
+/// The read side of one end of a relay: yields owned chunks, `None` at EOF.
+pub trait RelayRead: Send {
+    /// The next chunk, read into `buf` (which has room for at least `want` bytes) or taken without copying from
+    /// the stream's own buffers.
+    fn read_chunk(
+        &mut self,
+        buf: &mut BytesMut,
+        want: usize,
+    ) -> impl Future<Output = io::Result<Option<Bytes>>> + Send;
+}
+
+/// The write side of one end of a relay.
+pub trait RelayWrite: Send {
+    /// Writes all of `data`.
+    fn write_chunk(&mut self, data: Bytes) -> impl Future<Output = io::Result<()>> + Send;
+    /// Half-closes (FIN, or END_STREAM).
+    fn close(&mut self) -> impl Future<Output = io::Result<()>> + Send;
+}
+
+impl RelayRead for OwnedReadHalf {
+    async fn read_chunk(&mut self, buf: &mut BytesMut, want: usize) -> io::Result<Option<Bytes>> {
+        buf.reserve(want);
+        let n = self.read_buf(buf).await?;
+        Ok((n > 0).then(|| buf.split().freeze()))
+    }
+}
+
+impl RelayRead for H2RecvHalf {
+    async fn read_chunk(&mut self, _buf: &mut BytesMut, _want: usize) -> io::Result<Option<Bytes>> {
+        H2RecvHalf::read_chunk(self).await
+    }
+}
+
+impl RelayWrite for OwnedWriteHalf {
+    async fn write_chunk(&mut self, data: Bytes) -> io::Result<()> {
+        self.write_all(&data).await
+    }
+
+    async fn close(&mut self) -> io::Result<()> {
+        self.shutdown().await
+    }
+}
+
+impl RelayWrite for H2SendHalf {
+    async fn write_chunk(&mut self, data: Bytes) -> io::Result<()> {
+        self.send_bytes(data).await
+    }
+
+    async fn close(&mut self) -> io::Result<()> {
+        self.shutdown().await
+    }
+}
 
 /// Byte counters and last activity of one connection, readable while it runs.
 #[derive(Debug)]
@@ -74,22 +135,22 @@ async fn copy_half<R, W>(
     counters: &Counters,
 ) -> io::Result<()>
 where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
+    R: RelayRead,
+    W: RelayWrite,
 {
-    let mut buf = vec![0u8; MIN_BUF];
+    let mut buf = BytesMut::new();
+    let mut want = MIN_BUF;
     loop {
-        let n = r.read(&mut buf).await?;
-        if n == 0 {
-            w.shutdown().await?;
+        let Some(chunk) = r.read_chunk(&mut buf, want).await? else {
+            w.close().await?;
             return Ok(());
-        }
+        };
+        let n = chunk.len();
         counters.touch();
-        w.write_all(&buf[..n]).await?;
-        w.flush().await?;
+        w.write_chunk(chunk).await?;
         count.fetch_add(n as u64, Ordering::Relaxed);
-        if n == buf.len() && buf.len() < MAX_BUF {
-            buf.resize((buf.len() * 4).min(MAX_BUF), 0);
+        if n >= want && want < MAX_BUF {
+            want = (want * 4).min(MAX_BUF);
         }
     }
 }
@@ -107,10 +168,10 @@ pub async fn relay<SR, SW, DR, DW>(
     idle_timeout: Duration,
 ) -> RelayEnd
 where
-    SR: AsyncRead + Unpin,
-    SW: AsyncWrite + Unpin,
-    DR: AsyncRead + Unpin,
-    DW: AsyncWrite + Unpin,
+    SR: RelayRead,
+    SW: RelayWrite,
+    DR: RelayRead,
+    DW: RelayWrite,
 {
     counters.touch();
     let up = copy_half(src_r, dst_w, &counters.sent, &counters);

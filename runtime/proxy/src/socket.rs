@@ -7,24 +7,34 @@ use std::net::{IpAddr, SocketAddr};
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
-/// Bind a listener with `SO_REUSEADDR` (and `IP_FREEBIND`-free semantics: the address must exist).
+/// Bind a listener with `SO_REUSEADDR` (and `IP_FREEBIND`-free semantics: the address must exist). It has
+/// `TCP_NODELAY` set, which Linux copies to every accepted socket (no `setsockopt` per connection).
 pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
-    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    let sock = Socket::new(
+        Domain::for_address(addr),
+        Type::STREAM.nonblocking(),
+        Some(Protocol::TCP),
+    )?;
     sock.set_reuse_address(true)?;
-    sock.set_nonblocking(true)?;
+    sock.set_tcp_nodelay(true)?;
     sock.bind(&addr.into())?;
     sock.listen(1024)?;
     TcpListener::from_std(std::net::TcpListener::from(sock))
 }
 
-/// Connect to `dst`, marking the socket (so capture rules skip it) and binding the source IP when asked.
+/// Connect to `dst`, marking the socket (so capture rules skip it) and binding the source IP when asked. The
+/// socket is created non-blocking and gets `TCP_NODELAY` before connecting (no extra syscalls per connection).
 pub async fn connect(
     dst: SocketAddr,
     mark: Option<u32>,
     src_ip: Option<IpAddr>,
 ) -> io::Result<TcpStream> {
-    let sock = Socket::new(Domain::for_address(dst), Type::STREAM, Some(Protocol::TCP))?;
-    sock.set_nonblocking(true)?;
+    let sock = Socket::new(
+        Domain::for_address(dst),
+        Type::STREAM.nonblocking(),
+        Some(Protocol::TCP),
+    )?;
+    sock.set_tcp_nodelay(true)?;
     if let Some(m) = mark {
         sock.set_mark(m)?;
     }
@@ -34,24 +44,29 @@ pub async fn connect(
         sock.bind(&SocketAddr::new(ip, 0).into())?;
     }
     let tcp = TcpSocket::from_std_stream(std::net::TcpStream::from(sock));
-    let stream = tcp.connect(dst).await?;
-    stream.set_nodelay(true)?;
-    Ok(stream)
+    tcp.connect(dst).await
 }
 
-/// The destination a connection had before an iptables REDIRECT sent it to us (`SO_ORIGINAL_DST`).
-pub fn original_dst(stream: &TcpStream) -> io::Result<SocketAddr> {
+/// The destination a connection had before an iptables REDIRECT sent it to us (`SO_ORIGINAL_DST`); `local` is
+/// the connection's local address (callers have it already: one `getsockname` per connection is enough).
+pub fn original_dst(stream: &TcpStream, local: SocketAddr) -> io::Result<SocketAddr> {
     let sock = SockRef::from(stream);
-    let local = stream.local_addr()?;
-    let orig = if local.is_ipv4() {
+    // A dual-stack listener sees IPv4 clients as IPv4-mapped IPv6: their NAT entry is an IPv4 one.
+    let orig = if local.ip().to_canonical().is_ipv4() {
         sock.original_dst_v4()?
     } else {
         sock.original_dst_v6()?
     };
-    orig.as_socket().ok_or_else(|| {
+    orig.as_socket().map(canonical).ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::InvalidData,
             "original destination is not an IP address",
         )
     })
+}
+
+/// The address with an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`, as a dual-stack socket reports IPv4 peers)
+/// turned back into plain IPv4, so it matches the workload addresses in the state.
+pub fn canonical(addr: SocketAddr) -> SocketAddr {
+    SocketAddr::new(addr.ip().to_canonical(), addr.port())
 }

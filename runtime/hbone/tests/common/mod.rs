@@ -1,4 +1,5 @@
 //! Test helpers: a loopback HBONE server with pluggable handlers, and client dialing.
+#![allow(clippy::unwrap_used)] // a test panics to fail
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
