@@ -67,6 +67,14 @@ async fn default_plugins_enforce_policies_and_export_istio_metrics() {
         workload::round_trip(s, b"allowed").await.unwrap(),
         b"allowed"
     );
+    // Through the service VIP: node B learns the service from `forwarded: ...;host=`.
+    let s = socks5::connect(mesh.a.socks5, src, SocketAddr::from((a.vip(), 80)))
+        .await
+        .unwrap();
+    assert_eq!(
+        workload::round_trip(s, b"via vip").await.unwrap(),
+        b"via vip"
+    );
     // The Namespace DENY for any port but 8080: node B answers 401.
     let r = socks5::connect(mesh.a.socks5, src, SocketAddr::from((a.echo(), 8081))).await;
     assert!(matches!(r, Err(socks5::Socks5Error::Reply(2))), "{r:?}");
@@ -86,7 +94,7 @@ async fn default_plugins_enforce_policies_and_export_istio_metrics() {
     // Istio's metrics, as ztunnel names and labels them.
     let m = eventually(Duration::from_secs(5), "istio metrics", || async {
         let m = mesh.b.scrape().await.ok()?;
-        (metric_sum(&m, "istio_tcp_connections_closed_total{") >= 2.0).then_some(m)
+        (metric_sum(&m, "istio_tcp_connections_closed_total{") >= 3.0).then_some(m)
     })
     .await;
     let opened: Vec<&str> = m

@@ -175,6 +175,32 @@ async fn demo(args: DemoArgs, dir: &Path) -> anyhow::Result<()> {
             );
         }
     }
+    println!("\nplugins (sandboxed Wasm; replace or add them in the mesh file):");
+    for n in &nodes {
+        let dump = n.config_dump().await.map_err(anyhow::Error::msg)?;
+        let plugins: Vec<String> = dump["plugins"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|p| {
+                format!(
+                    "{} ({}, {})",
+                    field(p, "name"),
+                    field(p, "kind"),
+                    field(p, "state")
+                )
+            })
+            .collect();
+        println!("  {}: {}", n.name, plugins.join(", "));
+    }
+    let scrape = nodes[1].scrape().await.map_err(anyhow::Error::msg)?;
+    if let Some(line) = scrape
+        .lines()
+        .find(|l| l.starts_with("istio_tcp_connections_opened_total{") && l.contains("sa/sleep"))
+    {
+        println!("  node-b /stats/prometheus: {line}");
+    }
     if args.keep {
         println!(
             "\nmesh running; try: curl -s http://{}/config_dump ; Ctrl-C to stop",

@@ -187,7 +187,14 @@ impl Inner {
             peer_identity: Some(peer_id.to_string()),
             src_workload: src_wl,
             dst_workload: Some(dst_wl.meta.clone()),
-            dst_service: None,
+            // The service the client targeted, from `forwarded: ...;host=`, if this workload backs it.
+            dst_service: forwarded_host(req.headers()).and_then(|host| {
+                dst_wl
+                    .services
+                    .keys()
+                    .find(|k| k.split_once('/').is_some_and(|(_, h)| h == host))
+                    .cloned()
+            }),
             hbone: true,
         });
         let hbone_addr = Some(local);
@@ -268,6 +275,14 @@ fn forwarded_for(h: &HeaderMap) -> Option<SocketAddr> {
     })
 }
 
+/// The `host=` element of a `forwarded` header (the service hostname the client targeted).
+fn forwarded_host(h: &HeaderMap) -> Option<&str> {
+    let v = h.get("forwarded")?.to_str().ok()?;
+    v.split(';')
+        .find_map(|part| part.trim().strip_prefix("host="))
+        .map(|host| host.trim_matches('"'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,7 +295,9 @@ mod tests {
             "for=\"10.0.0.1:4000\";host=x.svc".parse().unwrap(),
         );
         assert_eq!(forwarded_for(&h), Some("10.0.0.1:4000".parse().unwrap()));
+        assert_eq!(forwarded_host(&h), Some("x.svc"));
         h.insert("forwarded", "for=garbage".parse().unwrap());
         assert_eq!(forwarded_for(&h), None);
+        assert_eq!(forwarded_host(&h), None);
     }
 }
