@@ -97,6 +97,58 @@ impl Inner {
         access_log(&record, hbone_addr, &close);
     }
 
+    /// Ask the policy plugins about an inbound connection; a denial is logged and reported here.
+    pub(crate) fn authorize_inbound(
+        &self,
+        record: &ConnectionRecord,
+        hbone_addr: Option<SocketAddr>,
+    ) -> Result<(), ()> {
+        match self.hooks.authorize(record) {
+            Verdict::Allow => Ok(()),
+            v => {
+                tracing::info!(conn = record.id, src = %record.src, dst = %record.dst, peer_identity = record.peer_identity.as_deref().unwrap_or(""), verdict = ?v, "connection denied by policy");
+                self.failed(
+                    record,
+                    hbone_addr,
+                    "denied",
+                    v.clone(),
+                    format!("{v:?}"),
+                    "DENY",
+                );
+                Err(())
+            }
+        }
+    }
+
+    /// Connect to the local workload an inbound connection is for; a failure is logged and reported here.
+    pub(crate) async fn connect_workload(
+        &self,
+        record: &ConnectionRecord,
+        hbone_addr: Option<SocketAddr>,
+    ) -> Result<tokio::net::TcpStream, ()> {
+        let dst = record.dst;
+        let r = tokio::time::timeout(
+            self.cfg.connect_timeout,
+            crate::socket::connect(dst, self.cfg.mark, None),
+        )
+        .await;
+        let error = match r {
+            Ok(Ok(s)) => return Ok(s),
+            Ok(Err(e)) => format!("connect to {dst}: {e}"),
+            Err(_) => format!("connect to {dst}: timed out"),
+        };
+        tracing::warn!(conn = record.id, %dst, %error, "local workload did not accept the connection");
+        self.failed(
+            record,
+            hbone_addr,
+            "connect",
+            Verdict::Allow,
+            error,
+            "CONNECT",
+        );
+        Err(())
+    }
+
     /// Report a connection that never got established (denied, unroutable, upstream refused...).
     pub(crate) fn failed(
         &self,

@@ -198,51 +198,13 @@ impl Inner {
             hbone: true,
         });
         let hbone_addr = Some(local);
-        if let v @ Verdict::Deny { .. } = self.hooks.authorize(&record) {
-            tracing::info!(conn = record.id, %src, %dst, peer_identity = %peer_id, verdict = ?v, "connection denied by policy");
+        if self.authorize_inbound(&record, hbone_addr).is_err() {
             let _ = req.reject(StatusCode::UNAUTHORIZED);
-            self.failed(
-                &record,
-                hbone_addr,
-                "denied",
-                v.clone(),
-                format!("{v:?}"),
-                "DENY",
-            );
             return;
         }
-        let upstream = tokio::time::timeout(
-            self.cfg.connect_timeout,
-            socket::connect(dst, self.cfg.mark, None),
-        )
-        .await;
-        let upstream = match upstream {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => {
-                let _ = req.reject(StatusCode::SERVICE_UNAVAILABLE);
-                self.failed(
-                    &record,
-                    hbone_addr,
-                    "connect",
-                    Verdict::Allow,
-                    format!("connect to {dst}: {e}"),
-                    "CONNECT",
-                );
-                tracing::warn!(conn = record.id, %dst, error = %e, "local workload refused the connection");
-                return;
-            }
-            Err(_) => {
-                let _ = req.reject(StatusCode::SERVICE_UNAVAILABLE);
-                self.failed(
-                    &record,
-                    hbone_addr,
-                    "connect",
-                    Verdict::Allow,
-                    format!("connect to {dst}: timed out"),
-                    "CONNECT",
-                );
-                return;
-            }
+        let Ok(upstream) = self.connect_workload(&record, hbone_addr).await else {
+            let _ = req.reject(StatusCode::SERVICE_UNAVAILABLE);
+            return;
         };
         let stream = match req.accept(HeaderMap::new()) {
             Ok(s) => s,

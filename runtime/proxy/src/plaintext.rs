@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use tokio::net::TcpStream;
-use weft_hooks::{ConnectionRecord, Direction, Verdict};
+use weft_hooks::{ConnectionRecord, Direction};
 
 use crate::conn::Halves;
 use crate::{Inner, socket};
@@ -49,40 +49,11 @@ impl Inner {
             dst_service: None,
             hbone: false,
         });
-        if let v @ Verdict::Deny { .. } = self.hooks.authorize(&record) {
-            tracing::info!(conn = record.id, %src, %dst, verdict = ?v, "plaintext connection denied by policy");
-            self.failed(&record, None, "denied", v.clone(), format!("{v:?}"), "DENY");
+        if self.authorize_inbound(&record, None).is_err() {
             return;
         }
-        let upstream = tokio::time::timeout(
-            self.cfg.connect_timeout,
-            socket::connect(dst, self.cfg.mark, None),
-        )
-        .await;
-        let upstream = match upstream {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => {
-                self.failed(
-                    &record,
-                    None,
-                    "connect",
-                    Verdict::Allow,
-                    format!("connect to {dst}: {e}"),
-                    "CONNECT",
-                );
-                return;
-            }
-            Err(_) => {
-                self.failed(
-                    &record,
-                    None,
-                    "connect",
-                    Verdict::Allow,
-                    format!("connect to {dst}: timed out"),
-                    "CONNECT",
-                );
-                return;
-            }
+        let Ok(upstream) = self.connect_workload(&record, None).await else {
+            return;
         };
         let (cr, cw) = client.into_split();
         let (ur, uw) = upstream.into_split();
