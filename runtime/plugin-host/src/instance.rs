@@ -223,6 +223,12 @@ impl Instance {
             None => None,
         };
         let reps = (src.as_ref().map(|r| r.rep()), dst.as_ref().map(|r| r.rep()));
+        // Lend them as host *borrows*: wasmtime scopes a borrow to the call. Handing over the own handles instead
+        // left one store handle behind per call, and a long-lived instance failed every call after ~50,000.
+        let (src, dst) = (
+            reps.0.map(Resource::<WorkloadRes>::new_borrow),
+            reps.1.map(Resource::<WorkloadRes>::new_borrow),
+        );
         start_budget(&mut self.store, self.limits.call_deadline);
         let r = p
             .weft_plugin_policy()

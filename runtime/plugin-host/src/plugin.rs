@@ -258,7 +258,7 @@ impl PluginVersion {
                 } else {
                     Verdict::Deny {
                         by: self.spec.name.clone(),
-                        reason: format!("plugin failed ({})", e.kind.as_str()),
+                        reason: format!("plugin failed ({}): {}", e.kind.as_str(), e.message),
                     }
                 }
             }
