@@ -315,14 +315,13 @@ async fn idle_connections_time_out_and_log_level_changes_at_run_time() {
         "closed too early: {:?}",
         start.elapsed()
     );
-    let l = eventually(Duration::from_secs(5), "idle log", || async {
-        mesh.a
-            .access_logs()
-            .into_iter()
-            .find(|l| l["error"] == "idle timeout")
+    // Either node's idle timer may fire first; the other then sees the tunnel end.
+    eventually(Duration::from_secs(5), "idle log", || async {
+        let mut logs = mesh.a.access_logs();
+        logs.extend(mesh.b.access_logs());
+        logs.into_iter().find(|l| l["error"] == "idle timeout")
     })
     .await;
-    assert_eq!(l["direction"], "outbound");
 
     // /logging: read, change, refuse a bad filter.
     let (code, body) = mesh.a.admin_get("/logging").await.unwrap();
