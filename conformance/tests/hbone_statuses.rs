@@ -129,20 +129,8 @@ async fn clients_without_a_valid_certificate_are_refused() {
         .await
         .unwrap();
     // Present it to node B with a client that accepts any server: node B alone must refuse.
-    let mut cfg = rustls::ClientConfig::builder_with_provider(weft_identity::tls::provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AcceptAnyServer))
-        .with_client_auth_cert(stranger.chain().to_vec(), stranger.key())
-        .unwrap();
-    cfg.alpn_protocols = vec![b"h2".to_vec()];
-    let r = match h2_to(hbone, Arc::new(cfg)).await {
-        Err(e) => Err(e),
-        Ok(c) => status_of(&c, &format!("{}:8080", a.echo()))
-            .await
-            .map(|_| ()),
-    };
+    let cfg = accept_any_server(Some(&stranger));
+    let r = tunnel_attempt(hbone, cfg, &format!("{}:8080", a.echo())).await;
     assert!(
         r.is_err(),
         "a client from another root must be refused: {r:?}"
@@ -150,31 +138,16 @@ async fn clients_without_a_valid_certificate_are_refused() {
 
     // The right root, another trust domain.
     let foreign = cert_for(&mesh, "spiffe://evil.domain/ns/default/sa/client").await;
-    let r = match h2_to(hbone, foreign.client_config(vec![echo_id.clone()]).unwrap()).await {
-        Err(e) => Err(e),
-        Ok(c) => status_of(&c, &format!("{}:8080", a.echo()))
-            .await
-            .map(|_| ()),
-    };
+    let cfg = foreign.client_config(vec![echo_id.clone()]).unwrap();
+    let r = tunnel_attempt(hbone, cfg, &format!("{}:8080", a.echo())).await;
     assert!(
         r.is_err(),
         "a client from another trust domain must be refused in the handshake: {r:?}"
     );
 
     // No client certificate at all (and a client that would accept any server, so only the server can refuse).
-    let mut cfg = rustls::ClientConfig::builder_with_provider(weft_identity::tls::provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AcceptAnyServer))
-        .with_no_client_auth();
-    cfg.alpn_protocols = vec![b"h2".to_vec()];
-    let r = match h2_to(hbone, Arc::new(cfg)).await {
-        Err(e) => Err(e),
-        Ok(c) => status_of(&c, &format!("{}:8080", a.echo()))
-            .await
-            .map(|_| ()),
-    };
+    let cfg = accept_any_server(None);
+    let r = tunnel_attempt(hbone, cfg, &format!("{}:8080", a.echo())).await;
     assert!(
         r.is_err(),
         "a client without a certificate must be refused: {r:?}"
@@ -192,6 +165,34 @@ async fn clients_without_a_valid_certificate_are_refused() {
         ) >= 3.0,
         "{m}"
     );
+}
+
+/// A TLS 1.3 + h2 client config that accepts any server, presenting `cert` (or no certificate).
+fn accept_any_server(cert: Option<&weft_identity::WorkloadCert>) -> Arc<rustls::ClientConfig> {
+    let b = rustls::ClientConfig::builder_with_provider(weft_identity::tls::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AcceptAnyServer));
+    let mut cfg = match cert {
+        Some(c) => b
+            .with_client_auth_cert(c.chain().to_vec(), c.key())
+            .unwrap(),
+        None => b.with_no_client_auth(),
+    };
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    Arc::new(cfg)
+}
+
+/// Open an HBONE connection and send one CONNECT: Ok if the request got any HTTP answer (the TLS handshake and
+/// HTTP/2 were accepted), Err if the connection was refused before that.
+async fn tunnel_attempt(
+    hbone: SocketAddr,
+    cfg: Arc<rustls::ClientConfig>,
+    authority: &str,
+) -> Result<(), String> {
+    let c = h2_to(hbone, cfg).await?;
+    status_of(&c, authority).await.map(|_| ())
 }
 
 /// Test-only: a client that accepts any server certificate, so that what is tested is the server's refusal.
