@@ -1,11 +1,13 @@
 //! A reference Istio-protocol CA (`istio.v1.auth.IstioCertificateService/CreateCertificate` over gRPC and TLS)
 //! for tests and demos. It signs with a root or an intermediate from disk, and authorizes every request: the
 //! caller is authenticated by a Kubernetes TokenReview or a static token file, and may obtain a certificate only
-//! for its own identity or for an identity that a workload on the caller's node has according to the CA's
+//! for its own identity, or, when the caller is a trusted node agent (`--trusted-node-accounts`, istiod's
+//! `CA_TRUSTED_NODE_ACCOUNTS`), for an identity that a workload on the caller's node has according to the CA's
 //! workload source (the mesh config file, watched, so edits apply live). Every decision is logged on the `audit`
-//! target.
+//! target, with its reason.
 
 pub mod auth;
+pub mod node_accounts;
 pub mod service;
 
 use std::sync::Arc;
@@ -19,6 +21,7 @@ use tonic::codegen::Service as _;
 use weft_proto::istio_ca::istio_certificate_service_server::IstioCertificateServiceServer;
 
 pub use auth::{AuthError, Authenticator, Caller};
+pub use node_accounts::{NodeAccount, NodeAccountError, TrustedNodeAccounts};
 pub use service::{CaCounters, CaService, Fault};
 
 /// Errors starting the CA server.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use weft_ca_server::{Authenticator, CaService, Fault};
+use weft_ca_server::{Authenticator, CaService, Fault, NodeAccount, TrustedNodeAccounts};
 use weft_identity::{KubeClient, LocalCa};
 use weft_state::StateStore;
 
@@ -39,6 +39,12 @@ struct Args {
     /// The CA's own token for the API server (allowed to create TokenReviews).
     #[arg(long)]
     kube_token_file: Option<PathBuf>,
+    /// Service accounts (`namespace/name`, comma-separated or repeated) of the node agents (weft, ztunnel) that
+    /// may ask for other identities than their own, and only for identities of workloads on their own node
+    /// (istiod's CA_TRUSTED_NODE_ACCOUNTS, e.g. `istio-system/ztunnel`). Without it no caller may: each gets its
+    /// own identity only.
+    #[arg(long, value_name = "NS/SA,...", value_delimiter = ',')]
+    trusted_node_accounts: Vec<NodeAccount>,
     /// Audience the nodes' tokens must carry.
     #[arg(long, default_value = "istio-ca")]
     audience: String,
@@ -116,11 +122,21 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
         _ => None,
     };
+    let trusted: TrustedNodeAccounts = args.trusted_node_accounts.iter().cloned().collect();
+    if trusted.is_empty() {
+        tracing::warn!(
+            "no --trusted-node-accounts: no caller may impersonate, so each may only obtain its own identity \
+             (node agents such as weft or ztunnel need their service account listed)"
+        );
+    } else {
+        tracing::info!(trusted_node_accounts = %trusted, "node agents allowed to ask for identities of workloads on their node");
+    }
     let tls = weft_ca_server::server_tls(&ca, &args.tls_sans)?;
     let service = Arc::new(CaService {
         ca,
         trust_domain: args.trust_domain.clone(),
         auth,
+        trusted_node_accounts: trusted,
         workloads,
         default_validity: args.default_validity,
         max_validity: args.max_validity,

@@ -1,6 +1,6 @@
-//! The certificate service: authenticate the caller, authorize the identity it asks for against the workload
-//! source (the identity must be the caller's own, or belong to a workload the mesh config places on the caller's
-//! node), sign, and write an audit line for every decision.
+//! The certificate service: authenticate the caller, authorize the identity it asks for (the caller's own; or,
+//! for a trusted node agent only, one that a workload the mesh config places on the caller's node has), sign, and
+//! write an audit line, with its reason, for every decision.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -13,6 +13,7 @@ use weft_proto::istio_ca::{IstioCertificateRequest, IstioCertificateResponse};
 use weft_state::StateStore;
 
 use crate::auth::{AuthError, Authenticator, Caller};
+use crate::node_accounts::TrustedNodeAccounts;
 
 /// A deliberate misbehaviour, to test that clients refuse bad answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -43,6 +44,8 @@ pub struct CaService {
     pub trust_domain: String,
     /// How callers are authenticated.
     pub auth: Authenticator,
+    /// The node-agent accounts that may ask for identities other than their own (empty: none may).
+    pub trusted_node_accounts: TrustedNodeAccounts,
     /// Where workloads are placed (the mesh config, watched).
     pub workloads: Arc<StateStore>,
     /// Lifetime when the request names none.
@@ -80,7 +83,9 @@ fn audit(cluster: &str, caller: Option<&Caller>, identity: &str, allowed: bool, 
 }
 
 impl CaService {
-    /// Whether `caller` may hold `wanted`; the reason either way.
+    /// Whether `caller` may hold `wanted`; the reason either way. Its own identity, always; another one only when
+    /// the caller is a trusted node agent (istiod's rule: impersonation is for node proxies alone) and a workload on
+    /// the caller's node has that identity.
     pub fn authorize(&self, caller: &Caller, wanted: &SpiffeId) -> Result<String, String> {
         if wanted == &caller.identity {
             return Ok("the caller's own identity".into());
@@ -92,6 +97,23 @@ impl CaService {
                 self.trust_domain
             ));
         }
+        let account = format!(
+            "{}/{}",
+            caller.identity.namespace(),
+            caller.identity.service_account()
+        );
+        if self.trusted_node_accounts.is_empty() {
+            return Err(format!(
+                "no node accounts are trusted (--trusted-node-accounts), so {account} may only ask for its own identity"
+            ));
+        }
+        if !self.trusted_node_accounts.trusts(&caller.identity) {
+            return Err(format!(
+                "{account} is not a trusted node account (--trusted-node-accounts {}), so it may only ask for its \
+                 own identity",
+                self.trusted_node_accounts
+            ));
+        }
         let Some(node) = caller.node.as_deref() else {
             return Err(
                 "the caller's token is bound to no node, so it may only ask for its own identity"
@@ -101,7 +123,9 @@ impl CaService {
         let state = self.workloads.current();
         let want = wanted.to_string();
         if state.local_workloads(node).any(|w| w.spiffe_id() == want) {
-            Ok(format!("a workload on node {node} has this identity"))
+            Ok(format!(
+                "trusted node agent {account}, and a workload on node {node} has this identity"
+            ))
         } else {
             Err(format!("no workload on node {node} has this identity"))
         }

@@ -55,8 +55,12 @@ async fn cold_connection_wait_for_the_first_certificate() {
     let ca = TestCa::start(None, None).await;
     let names: Vec<String> = (0..N).map(|i| format!("w{i}")).collect();
     let placed: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "node-a")).collect();
+    let seen = ca.service.workloads.version();
     ca.write_mesh(&placed);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    applied(&ca.service.workloads, seen, |s| {
+        s.local_workloads("node-a").count() == N
+    })
+    .await;
 
     // Over gRPC+TLS to the reference CA; the first fetch also opens the channel (TCP + TLS + HTTP/2).
     let m = SecretManager::new(Arc::new(ca.client("token-a")), ManagerConfig::default());

@@ -1,6 +1,7 @@
 //! The reference CA in process, against weft's Istio CA client over real gRPC+TLS on loopback: issuance,
 //! authorization by node placement (live config edits), authentication by static tokens and by a TokenReview
-//! server speaking the Kubernetes JSON, answers the client must refuse, and a root file that changes.
+//! server speaking the Kubernetes JSON, impersonation only by trusted node agents, answers the client must
+//! refuse, and a root file that changes.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -9,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use weft_ca_server::{Authenticator, Fault};
+use weft_ca_server::{Authenticator, Fault, TrustedNodeAccounts};
 use weft_identity::{CaClient, Error, ManagerConfig, SecretManager, SpiffeId};
 
 fn id(ns: &str, sa: &str) -> SpiffeId {
@@ -46,9 +47,15 @@ async fn issues_for_workloads_on_the_callers_node_and_refuses_others() {
     assert_eq!(c.refused.load(std::sync::atomic::Ordering::Relaxed), 2);
 
     // The workload source is live: move echo to node-a, and node-a may now have its identity.
+    let seen = ca.service.workloads.version();
     ca.write_mesh(&[("client", "node-a"), ("echo", "node-a")]);
+    applied(&ca.service.workloads, seen, |s| {
+        s.local_workloads("node-a")
+            .any(|w| w.service_account == "echo")
+    })
+    .await;
     let m2 = SecretManager::new(Arc::new(ca.client("token-a")), ManagerConfig::default());
-    eventually(|| async { m2.fetch(&id("default", "echo")).await.is_ok() }).await;
+    m2.fetch(&id("default", "echo")).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -164,4 +171,98 @@ async fn token_review_authenticates_nodes_by_their_bound_tokens() {
         assert_eq!(r["spec"]["audiences"], serde_json::json!(["istio-ca"]));
     }
     assert!(api.saw_ca_token());
+}
+
+/// The refusal's text, asserted to be a PermissionDenied.
+async fn refused(client: &weft_identity::IstioCaClient, want: &SpiffeId) -> String {
+    let err = client.sign(&request(want)).await.unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, Error::CaRefused { .. }), "{text}");
+    assert!(text.contains("PermissionDenied"), "{text}");
+    text
+}
+
+/// Hole 2 of #8, with static tokens: a workload's own node-bound token may not obtain its neighbour's identity;
+/// the node agent's account may, but only for identities on its own node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_tokens_only_trusted_node_agents_may_impersonate() {
+    let ca = TestCa::start(None, None).await;
+    let workload = ca.client("token-client");
+    // Its own identity: issued.
+    workload
+        .sign(&request(&id("default", "client")))
+        .await
+        .unwrap();
+    // Its neighbour on the same node: refused, with the reason.
+    let text = refused(&workload, &id("default", "neighbour")).await;
+    assert!(
+        text.contains("default/client is not a trusted node account"),
+        "{text}"
+    );
+    // weft's own (trusted node agent) account on node-a: issued.
+    let agent = ca.client("token-a");
+    agent
+        .sign(&request(&id("default", "neighbour")))
+        .await
+        .unwrap();
+    agent
+        .sign(&request(&id("default", "client")))
+        .await
+        .unwrap();
+    // A trusted agent asking for an identity that is not on its node: still refused.
+    let text = refused(&agent, &id("default", "echo")).await;
+    assert!(text.contains("no workload on node node-a"), "{text}");
+    let c = &ca.service.counters;
+    assert_eq!(c.issued.load(std::sync::atomic::Ordering::Relaxed), 3);
+    assert_eq!(c.refused.load(std::sync::atomic::Ordering::Relaxed), 2);
+}
+
+/// Hole 2 of #8, with TokenReview: the same rules for tokens the API server vouches for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_review_only_trusted_node_agents_may_impersonate() {
+    let api = FakeKubeApi::start().await;
+    let auth = Authenticator::TokenReview {
+        api: Box::new(
+            weft_identity::KubeClient::new(&api.url, None, Some(api.ca_token_file.clone()))
+                .unwrap(),
+        ),
+        audience: "istio-ca".into(),
+        trust_domain: "cluster.local".into(),
+    };
+    let ca = TestCa::start(None, Some(auth)).await;
+    // A workload's pod-bound token (default/client on node-a).
+    let workload = ca.client(TOKEN_WORKLOAD_ON_A);
+    workload
+        .sign(&request(&id("default", "client")))
+        .await
+        .unwrap();
+    let text = refused(&workload, &id("default", "neighbour")).await;
+    assert!(
+        text.contains("default/client is not a trusted node account"),
+        "{text}"
+    );
+    // The node agent's token (weft-system/node-a, bound to node-a).
+    let agent = ca.client(TOKEN_NODE_A);
+    agent
+        .sign(&request(&id("default", "neighbour")))
+        .await
+        .unwrap();
+    let text = refused(&agent, &id("default", "echo")).await;
+    assert!(text.contains("no workload on node node-a"), "{text}");
+}
+
+/// Without `--trusted-node-accounts` nobody may impersonate, not even a node agent; its own identity still works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_trusted_node_accounts_every_caller_gets_only_its_own_identity() {
+    let ca = TestCa::start_trusting(None, None, TrustedNodeAccounts::none()).await;
+    let agent = ca.client("token-a");
+    agent
+        .sign(&request(&id("weft-system", "node-a")))
+        .await
+        .unwrap();
+    let text = refused(&agent, &id("default", "client")).await;
+    assert!(
+        text.contains("no node accounts are trusted (--trusted-node-accounts)"),
+        "{text}"
+    );
 }

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
-use weft_ca_server::{Authenticator, CaService, Fault};
+use weft_ca_server::{Authenticator, CaService, Fault, TrustedNodeAccounts};
 use weft_identity::{CertRequest, IstioCaClient, IstioCaConfig, LocalCa, SpiffeId};
 use weft_state::StateStore;
 
@@ -25,17 +25,25 @@ pub fn request(id: &SpiffeId) -> CertRequest {
     }
 }
 
-/// Poll until `f` is true (10 s at most).
-pub async fn eventually<F, Fut>(mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = std::time::Instant::now();
-    while !f().await {
-        assert!(start.elapsed() < Duration::from_secs(10), "timed out");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+/// Wait until the CA's workload source has taken an edit: its version moves past `seen`, and `f` holds for the
+/// new snapshot (60 s at most, a generous bound for a loaded machine; the watcher polls every 20 ms).
+pub async fn applied(
+    store: &StateStore,
+    seen: u64,
+    mut f: impl FnMut(&weft_state::MeshState) -> bool,
+) {
+    let mut changes = store.subscribe();
+    let wait = async {
+        loop {
+            if store.version() > seen && f(&store.current()) {
+                return;
+            }
+            changes.changed().await.unwrap();
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), wait)
+        .await
+        .expect("the CA's workload source did not apply the edit");
 }
 
 /// The reference CA in process.
@@ -64,11 +72,38 @@ const TOKENS: &str = "tokens:
 - token: token-b
   node: node-b
   identity: spiffe://cluster.local/ns/weft-system/sa/node-b
+- token: token-client
+  node: node-a
+  identity: spiffe://cluster.local/ns/default/sa/client
 ";
 
+/// The node agents' accounts (the static tokens' and the fake API server's node identities).
+pub const NODE_AGENTS: &str = "weft-system/node-a,weft-system/node-b";
+
+/// The CA's initial workload source: `client` and its neighbour `neighbour` on node-a, `echo` on node-b.
+pub const PLACED: &[(&str, &str)] = &[
+    ("client", "node-a"),
+    ("neighbour", "node-a"),
+    ("echo", "node-b"),
+];
+
 impl TestCa {
-    /// Start with `client` on node-a and `echo` on node-b; static tokens unless `auth` is given.
+    /// Start with [`PLACED`]; static tokens unless `auth` is given; the node agents of [`NODE_AGENTS`] trusted.
     pub async fn start(fault: Option<Fault>, auth: Option<Authenticator>) -> Self {
+        Self::start_trusting(
+            fault,
+            auth,
+            TrustedNodeAccounts::parse_list(NODE_AGENTS).unwrap(),
+        )
+        .await
+    }
+
+    /// [`TestCa::start`] trusting `trusted` as node agents.
+    pub async fn start_trusting(
+        fault: Option<Fault>,
+        auth: Option<Authenticator>,
+        trusted: TrustedNodeAccounts,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let ca_dir = dir.path().join("ca");
         weft_identity::ca::write_root(&ca_dir, "cluster.local", Duration::from_secs(3600)).unwrap();
@@ -77,11 +112,7 @@ impl TestCa {
         let tokens = dir.path().join("tokens.yaml");
         std::fs::write(&tokens, TOKENS).unwrap();
         let mesh_file = dir.path().join("mesh.yaml");
-        std::fs::write(
-            &mesh_file,
-            mesh_yaml(&[("client", "node-a"), ("echo", "node-b")]),
-        )
-        .unwrap();
+        std::fs::write(&mesh_file, mesh_yaml(PLACED)).unwrap();
         let workloads = Arc::new(StateStore::new());
         weft_state::load_into(&mesh_file, &workloads).unwrap();
         drop(weft_state::watch_file(
@@ -101,6 +132,7 @@ impl TestCa {
             ca,
             trust_domain: "cluster.local".into(),
             auth: auth.unwrap_or(Authenticator::Static(tokens)),
+            trusted_node_accounts: trusted,
             workloads,
             default_validity: Duration::from_secs(3600),
             max_validity: Duration::from_secs(24 * 3600),
@@ -175,6 +207,8 @@ pub fn mesh_yaml(wls: &[(&str, &str)]) -> String {
 
 pub const TOKEN_NODE_A: &str = "bound-to-node-a";
 pub const TOKEN_POD_ON_B: &str = "bound-to-pod-on-b";
+/// A workload's own token (`default/client`), bound to its pod on node-a.
+pub const TOKEN_WORKLOAD_ON_A: &str = "workload-client-on-node-a";
 pub const TOKEN_REJECTED: &str = "expired";
 pub const TOKEN_OTHER_AUDIENCE: &str = "for-another-audience";
 const CA_OWN_TOKEN: &str = "the-ca-itself";
@@ -243,10 +277,14 @@ fn reply(status: u16, body: Value) -> Result<http::Response<Full<Bytes>>, Infall
 }
 
 fn user(sa: &str, extra: Value) -> Value {
+    user_in("weft-system", sa, extra)
+}
+
+fn user_in(ns: &str, sa: &str, extra: Value) -> Value {
     json!({
-        "username": format!("system:serviceaccount:weft-system:{sa}"),
+        "username": format!("system:serviceaccount:{ns}:{sa}"),
         "uid": format!("uid-of-{sa}"),
-        "groups": ["system:serviceaccounts", "system:serviceaccounts:weft-system", "system:authenticated"],
+        "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{ns}"), "system:authenticated"],
         "extra": extra,
     })
 }
@@ -289,6 +327,15 @@ async fn handle(
                     json!({"authenticated": true, "audiences": wanted, "user": user("node-b", json!({
                         "authentication.kubernetes.io/pod-name": ["weft-b"],
                         "authentication.kubernetes.io/pod-uid": ["pod-uid-b"],
+                    }))})
+                }
+                TOKEN_WORKLOAD_ON_A => {
+                    json!({"authenticated": true, "audiences": wanted, "user": user_in("default", "client", json!({
+                        "authentication.kubernetes.io/credential-id": ["JTI=2"],
+                        "authentication.kubernetes.io/node-name": ["node-a"],
+                        "authentication.kubernetes.io/node-uid": ["node-uid-a"],
+                        "authentication.kubernetes.io/pod-name": ["client-7d9f"],
+                        "authentication.kubernetes.io/pod-uid": ["pod-uid-client"],
                     }))})
                 }
                 TOKEN_OTHER_AUDIENCE => {
