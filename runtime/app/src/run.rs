@@ -80,15 +80,8 @@ async fn apply_plugins(host: &Arc<PluginHost>, state: &MeshState, defaults: bool
             }
             Outcome::Removed => tracing::info!(plugin = %p.name, "plugin removed"),
             Outcome::Unchanged => {}
-            Outcome::Rejected {
-                reason,
-                still_serving,
-            } => tracing::error!(
-                plugin = %p.name,
-                %reason,
-                still_serving = still_serving.as_deref().unwrap_or("nothing"),
-                "plugin rejected"
-            ),
+            // Logged once, with its reason and at the level its consequence deserves, by the plugin host.
+            Outcome::Rejected { .. } => {}
         }
     }
 }

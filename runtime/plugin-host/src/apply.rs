@@ -134,12 +134,17 @@ impl PluginHost {
                     .with_state(&state)
                     .map(|v| (Arc::new(v), Outcome::StateUpdated))
                     .map_err(|e| e.to_string()),
-                _ => PluginVersion::load(&self.shared, spec.clone(), &state)
-                    .map(|v| {
-                        let sha = v.sha256.clone();
-                        (Arc::new(v), Outcome::Loaded { sha256: sha })
-                    })
-                    .map_err(|e| e.to_string()),
+                _ => PluginVersion::load(
+                    &self.shared,
+                    spec.clone(),
+                    &state,
+                    current.as_ref().map_or(0, |c| c.pool_target()),
+                )
+                .map(|v| {
+                    let sha = v.sha256.clone();
+                    (Arc::new(v), Outcome::Loaded { sha256: sha })
+                })
+                .map_err(|e| e.to_string()),
             };
             match result {
                 Ok((version, outcome)) => {
@@ -157,7 +162,24 @@ impl PluginHost {
                 Err(reason) => {
                     self.shared.metrics.load(&name, "rejected");
                     let still_serving = current.as_ref().map(|c| c.sha256.clone());
-                    tracing::warn!(plugin = %name, %reason, still_serving = ?still_serving, "plugin rejected");
+                    // The one log line for a rejection (callers read the report and do not log it again): a
+                    // warning while the previous version keeps serving, an error when nothing serves for the name
+                    // (fail-closed: what it selects is denied; fail-open: it is skipped).
+                    match &still_serving {
+                        Some(sha) => tracing::warn!(
+                            plugin = %name,
+                            %reason,
+                            still_serving = %sha,
+                            "plugin rejected"
+                        ),
+                        None => tracing::error!(
+                            plugin = %name,
+                            %reason,
+                            still_serving = "nothing",
+                            failure_policy = ?spec.failure_policy,
+                            "plugin rejected"
+                        ),
+                    }
                     if let Some(cur) = current {
                         next.insert(name.clone(), cur);
                     } else if spec.kind == PluginKind::Policy && spec.recheck {
@@ -195,6 +217,10 @@ impl PluginHost {
             .map(|(_, (spec, reason))| (spec.clone(), reason.clone()))
             .collect();
         self.chain.store(Arc::new(Chain::build(&serving, &broken)));
+        // Plugin metrics: exactly the serving versions' sets (a replaced or removed version's series go).
+        self.shared
+            .hub
+            .publish(next.iter().map(|(n, v)| (n.as_str(), &v.ctx.metrics)));
         applied.serving = next;
         applied.specs = wanted;
         if recheck {

@@ -68,19 +68,24 @@ pub enum ErrorKind {
     Trap,
     /// The plugin returned something the host refuses (e.g. an oversized deny reason).
     BadOutput,
-    /// No instance could be created.
+    /// No instance could be created (a background refill failed to instantiate or configure one).
     Instantiate,
+    /// No configured instance was ready when the call came (the pool is exhausted: instances were lost to
+    /// failures faster than the background refill replaces them, or more threads call at once than the pool
+    /// holds). The failure policy applies at once; the call never instantiates on the caller's thread.
+    NoInstance,
 }
 
 impl ErrorKind {
     /// All kinds, for pre-created metric series.
-    pub const ALL: [ErrorKind; 6] = [
+    pub const ALL: [ErrorKind; 7] = [
         ErrorKind::Timeout,
         ErrorKind::Memory,
         ErrorKind::StackOverflow,
         ErrorKind::Trap,
         ErrorKind::BadOutput,
         ErrorKind::Instantiate,
+        ErrorKind::NoInstance,
     ];
 
     /// Lowercase name for labels and logs.
@@ -92,6 +97,7 @@ impl ErrorKind {
             ErrorKind::Trap => "trap",
             ErrorKind::BadOutput => "bad_output",
             ErrorKind::Instantiate => "instantiate",
+            ErrorKind::NoInstance => "no_instance",
         }
     }
 }

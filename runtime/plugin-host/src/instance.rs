@@ -111,12 +111,37 @@ fn describe_imports(
     }
 }
 
+/// The most bytes the host copies out of a guest in one transfer (a call's result, such as a deny reason, or the
+/// arguments of one import call, such as a log line or metric label values). This is wasmtime's hostcall fuel:
+/// it is charged from the length the guest declares *before* anything is copied, so an oversized string is
+/// refused without the host ever allocating it. The data-specific caps (deny reason length, log line length,
+/// metric label caps) apply afterwards to what was copied; this bound only stops the copy of something absurd.
+pub(crate) const MAX_GUEST_TRANSFER: usize = 1 << 20;
+
+/// Whether a failure is wasmtime refusing a guest-to-host transfer over [`MAX_GUEST_TRANSFER`]. wasmtime keeps
+/// that error's type private, so it is recognised by its message (pinned by the `oversized_reason_*` tests).
+fn transfer_too_large(e: &wasmtime::Error) -> bool {
+    e.chain().any(|c| {
+        c.to_string()
+            .contains("fuel allocated for hostcalls has been exhausted")
+    })
+}
+
 /// Classifies a failed call.
 fn classify(e: wasmtime::Error, store: &Store<StoreData>) -> CallError {
     if store.data().limiter.memory_hit {
         return CallError {
             kind: ErrorKind::Memory,
             message: format!("{e:#}"),
+        };
+    }
+    if transfer_too_large(&e) {
+        return CallError {
+            kind: ErrorKind::BadOutput,
+            message: format!(
+                "the plugin handed the host more than {MAX_GUEST_TRANSFER} bytes in one transfer (e.g. a deny \
+                 reason); refused before copying"
+            ),
         };
     }
     let kind = match e.downcast_ref::<Trap>() {
@@ -148,6 +173,7 @@ impl Instance {
             StoreData::new(ctx.clone(), limits.memory, limits.tick),
         );
         store.limiter(|d| &mut d.limiter);
+        store.set_hostcall_fuel(MAX_GUEST_TRANSFER);
         store.epoch_deadline_callback(crate::budget::on_deadline);
         let ticks = store.data_mut().budget.start(limits.configure_deadline);
         store.set_epoch_deadline(ticks);

@@ -26,6 +26,7 @@ mod host_metrics;
 mod instance;
 mod plugin;
 mod plugin_metrics;
+mod pool;
 mod shared;
 mod status;
 mod store;

@@ -1,7 +1,7 @@
 //! A plugin version: its spec, its linked component, the config and control-plane state it was configured with,
 //! and its pool of configured instances. Immutable once serving: a new config, code or state makes a new version.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use weft_hooks::{ConnectionRecord, Verdict};
@@ -10,6 +10,7 @@ use weft_state::{FailurePolicy, PluginKind, PluginSource, PluginSpec};
 use crate::bindings::types as wit;
 use crate::error::{CallError, ErrorKind, LoadError};
 use crate::instance::{Instance, Limits, Pre};
+use crate::pool::{Factory, Pool, PoolStatus};
 use crate::shared::Shared;
 use crate::store::{LogLimiter, PluginCtx};
 
@@ -28,9 +29,16 @@ pub(crate) struct PluginVersion {
     pre: Pre,
     limits: Limits,
     shared: Arc<Shared>,
-    idle: Mutex<Vec<Instance>>,
+    /// The configured instances, refilled in the background.
+    pool: Arc<Pool>,
     /// Rate limit for the host's own warnings about this plugin (failures, denials).
     pub warn_limiter: LogLimiter,
+}
+
+impl Drop for PluginVersion {
+    fn drop(&mut self) {
+        self.pool.close();
+    }
 }
 
 /// Reads the code of a spec.
@@ -48,11 +56,13 @@ pub(crate) fn read_source(spec: &PluginSpec) -> Result<Arc<Vec<u8>>, LoadError> 
 
 impl PluginVersion {
     /// Loads a spec: read, check sha256, compile (cached), link for its world, instantiate and configure the
-    /// pre-warmed instances, hand them the state. Any failure rejects the version.
+    /// pre-warmed instances (at least `instances`: what the previous version of this plugin grew to), hand them
+    /// the state. Any failure rejects the version. Runs on the caller's (apply) thread, never the data path.
     pub fn load(
         shared: &Arc<Shared>,
         spec: Arc<PluginSpec>,
         policies: &PolicyState,
+        instances: usize,
     ) -> Result<Self, LoadError> {
         let bytes = read_source(&spec)?;
         let sha = crate::engine::sha256_hex(&bytes);
@@ -87,126 +97,128 @@ impl PluginVersion {
             max_log_len: shared.config.max_log_len,
             epoch_start: shared.epoch_start,
         });
-        let version = PluginVersion {
+        Self::prewarm(
+            shared,
             spec,
-            sha256: sha,
-            loaded_at: SystemTime::now(),
-            wants: wit::StateKinds::empty(),
-            state: None,
+            sha,
             ctx,
             pre,
-            limits: shared.limits,
-            shared: shared.clone(),
-            idle: Mutex::new(Vec::new()),
-            warn_limiter: LogLimiter::new(5),
-        };
-        version.prewarm(Some(policies.clone()))
+            Some(policies.clone()),
+            instances,
+        )
     }
 
     /// The same code and config with new control-plane state (a new version; the old one keeps serving until
     /// this one is swapped in).
     pub fn with_state(&self, policies: &PolicyState) -> Result<Self, LoadError> {
-        let version = PluginVersion {
-            spec: self.spec.clone(),
-            sha256: self.sha256.clone(),
-            loaded_at: SystemTime::now(),
-            wants: self.wants,
-            state: None,
-            ctx: self.ctx.clone(),
-            pre: self.pre.clone(),
-            limits: self.limits,
-            shared: self.shared.clone(),
-            idle: Mutex::new(Vec::new()),
-            warn_limiter: LogLimiter::new(5),
-        };
-        version.prewarm(Some(policies.clone()))
-    }
-
-    /// Creates, configures and parks the pre-warmed instances; the first one tells what state the plugin wants.
-    fn prewarm(mut self, policies: Option<PolicyState>) -> Result<Self, LoadError> {
-        let mut first = self.fresh_configured()?;
-        self.wants = first.1;
-        if self.wants.contains(wit::StateKinds::AUTHORIZATION_POLICIES) {
-            self.state = policies;
-            if let Some(state) = &self.state {
-                self.push_state(&mut first.0, state)?;
-            }
-        }
-        let mut idle = vec![first.0];
-        for _ in 1..self.shared.config.prewarm_instances.max(1) {
-            idle.push(self.new_instance()?);
-        }
-        self.idle = Mutex::new(idle);
-        Ok(self)
-    }
-
-    fn push_state(&self, inst: &mut Instance, state: &PolicyState) -> Result<(), LoadError> {
-        let update = wit::StateUpdate::AuthorizationPolicies(state.as_ref().clone());
-        match inst.update_state(&update) {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(reason)) => Err(LoadError::State(reason)),
-            Err(error) => Err(LoadError::Call {
-                stage: "update-state",
-                error,
-            }),
-        }
-    }
-
-    fn fresh_configured(&self) -> Result<(Instance, wit::StateKinds), LoadError> {
-        let mut inst = Instance::new(
-            &self.shared.engine,
-            &self.pre,
+        Self::prewarm(
+            &self.shared,
+            self.spec.clone(),
+            self.sha256.clone(),
             self.ctx.clone(),
-            self.limits,
+            self.pre.clone(),
+            Some(policies.clone()),
+            self.pool.target(),
         )
-        .map_err(|e| LoadError::Instantiate(e.message))?;
-        match inst.configure(&self.spec.config) {
-            Ok(Ok(kinds)) => Ok((inst, kinds)),
-            Ok(Err(reason)) => Err(LoadError::Configure(reason)),
-            Err(error) => Err(LoadError::Call {
-                stage: "configure",
-                error,
-            }),
-        }
     }
 
-    /// A new instance, configured and given this version's state.
-    fn new_instance(&self) -> Result<Instance, LoadError> {
-        let (mut inst, _) = self.fresh_configured()?;
-        if let Some(state) = &self.state {
-            self.push_state(&mut inst, state)?;
+    /// Creates, configures and parks the pre-warmed instances (the first one tells what state the plugin wants),
+    /// then starts the pool's refill thread.
+    fn prewarm(
+        shared: &Arc<Shared>,
+        spec: Arc<PluginSpec>,
+        sha256: String,
+        ctx: Arc<PluginCtx>,
+        pre: Pre,
+        policies: Option<PolicyState>,
+        instances: usize,
+    ) -> Result<Self, LoadError> {
+        let mut factory = Factory {
+            shared: shared.clone(),
+            pre: pre.clone(),
+            ctx: ctx.clone(),
+            limits: shared.limits,
+            config: spec.config.clone(),
+            state: None,
+        };
+        let (mut first, wants) = factory.configured()?;
+        let state = if wants.contains(wit::StateKinds::AUTHORIZATION_POLICIES) {
+            policies
+        } else {
+            None
+        };
+        if let Some(state) = &state {
+            Factory::push_state(&mut first, state)?;
         }
-        Ok(inst)
-    }
-
-    fn checkout(&self) -> Result<Instance, CallError> {
-        if let Some(inst) = self.idle.lock().ok().and_then(|mut v| v.pop()) {
-            return Ok(inst);
+        factory.state = state.clone();
+        let target = shared
+            .config
+            .prewarm_instances
+            .max(instances)
+            .clamp(1, shared.config.max_idle_per_plugin.max(1));
+        let mut idle = vec![first];
+        for _ in 1..target {
+            idle.push(factory.create()?);
         }
-        self.new_instance().map_err(|e| CallError {
-            kind: ErrorKind::Instantiate,
-            message: e.to_string(),
+        let pool = Pool::start(factory, idle, target)?;
+        Ok(PluginVersion {
+            spec,
+            sha256,
+            loaded_at: SystemTime::now(),
+            wants,
+            state,
+            ctx,
+            pre,
+            limits: shared.limits,
+            shared: shared.clone(),
+            pool,
+            warn_limiter: LogLimiter::new(5),
         })
     }
 
-    fn checkin(&self, inst: Instance) {
-        if let Ok(mut idle) = self.idle.lock()
-            && idle.len() < self.shared.config.max_idle_per_plugin
-        {
-            idle.push(inst);
+    /// A new instance, configured and given this version's state, created on the caller's thread (benchmarks).
+    fn new_instance(&self) -> Result<Instance, LoadError> {
+        Factory {
+            shared: self.shared.clone(),
+            pre: self.pre.clone(),
+            ctx: self.ctx.clone(),
+            limits: self.limits,
+            config: self.spec.config.clone(),
+            state: self.state.clone(),
         }
+        .create()
+    }
+
+    /// How many instances this version's pool keeps.
+    pub fn pool_target(&self) -> usize {
+        self.pool.target()
+    }
+
+    /// The pool's state (status).
+    pub fn pool_status(&self) -> PoolStatus {
+        self.pool.status()
+    }
+
+    /// Runs a call on a pooled instance: an instance whose call failed is thrown away (and replaced in the
+    /// background); with no idle instance the call fails at once (`no_instance`).
+    fn with_instance<T>(
+        &self,
+        call: impl FnOnce(&mut Instance) -> Result<T, CallError>,
+    ) -> Result<T, CallError> {
+        let mut inst = self.pool.checkout()?;
+        let r = call(&mut inst);
+        if r.is_ok() {
+            self.pool.checkin(inst);
+        } else {
+            self.pool.discard(inst);
+        }
+        r
     }
 
     /// Runs `authorize` on a pooled instance; failures apply the failure policy.
     pub fn authorize(&self, conn: &ConnectionRecord) -> Verdict {
         let started = Instant::now();
-        let result = self.checkout().and_then(|mut inst| {
-            let r = inst.authorize(conn);
-            if r.is_ok() {
-                self.checkin(inst);
-            }
-            r
-        });
+        let result = self.with_instance(|inst| inst.authorize(conn));
         self.finish(conn, started, result)
     }
 
@@ -274,13 +286,7 @@ impl PluginVersion {
         let started = Instant::now();
         let c = &self.ctx.counters;
         c.calls.inc();
-        let result = self.checkout().and_then(|mut inst| {
-            let r = inst.on_events(events);
-            if r.is_ok() {
-                self.checkin(inst);
-            }
-            r
-        });
+        let result = self.with_instance(|inst| inst.on_events(events));
         c.latency.observe(started.elapsed().as_secs_f64());
         if let Err(e) = result {
             c.error(e.kind).inc();
@@ -289,11 +295,6 @@ impl PluginVersion {
                     "telemetry plugin call failed; batch dropped");
             }
         }
-    }
-
-    /// Idle instances (status).
-    pub fn idle_instances(&self) -> usize {
-        self.idle.lock().map_or(0, |v| v.len())
     }
 
     /// Whether this plugin applies to a connection (direction for policy plugins, and the workload selector on

@@ -1,8 +1,11 @@
 //! Per-plugin status lines for `/config_dump`.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 use weft_state::{FailurePolicy, PluginKind};
 
+use crate::error::ErrorKind;
 use crate::host::PluginHost;
 
 /// One plugin's status.
@@ -38,6 +41,17 @@ pub struct PluginStatus {
     pub instances: i64,
     /// Idle instances in the serving version's pool.
     pub idle_instances: usize,
+    /// Instances of the serving version checked out by calls right now.
+    pub busy_instances: usize,
+    /// How many instances the serving version's pool keeps (refilled in the background).
+    pub pool_target: usize,
+    /// Failed calls so far by kind (`timeout`, `memory`, `stack_overflow`, `trap`, `bad_output`, `no_instance`;
+    /// `instantiate` counts failed background refills). Only kinds that happened are listed.
+    pub errors: BTreeMap<&'static str, u64>,
+    /// Failed background refills in a row of the serving version's pool (0 while it is healthy).
+    pub refill_failures: u32,
+    /// Why the background refill of the serving version's pool is failing (while it is).
+    pub refill_error: Option<String>,
 }
 
 impl PluginHost {
@@ -54,6 +68,7 @@ impl PluginHost {
                 let rejected = applied.rejected.get(name).map(|(_, r)| r.clone());
                 let shown = serving.map_or(spec, |v| &v.spec);
                 let c = serving.map(|v| &v.ctx.counters);
+                let pool = serving.map(|v| v.pool_status()).unwrap_or_default();
                 PluginStatus {
                     name: name.clone(),
                     kind: match shown.kind {
@@ -89,7 +104,18 @@ impl PluginHost {
                     calls: c.map_or(0, |c| c.calls.get()),
                     denials: c.map_or(0, |c| c.denials.get()),
                     instances: c.map_or(0, |c| c.instances.get()),
-                    idle_instances: serving.map_or(0, |v| v.idle_instances()),
+                    idle_instances: pool.idle,
+                    busy_instances: pool.busy,
+                    pool_target: pool.target,
+                    errors: c.map_or_else(BTreeMap::new, |c| {
+                        ErrorKind::ALL
+                            .iter()
+                            .map(|k| (k.as_str(), c.error(*k).get()))
+                            .filter(|(_, n)| *n > 0)
+                            .collect()
+                    }),
+                    refill_failures: pool.refill_failures,
+                    refill_error: pool.refill_error,
                 }
             })
             .collect()

@@ -123,11 +123,35 @@ fn bad_versions_are_rejected_while_the_old_one_serves() {
     assert!(host.authorize(&conn(81, Some(PEER))).is_allow());
 }
 
+/// Polls `f` until it returns `Some` (an event), failing after a generous minute.
+fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
 /// Threads authorize in a loop while the plugin flips between two configs: no call fails, and the new behaviour
-/// is visible as soon as `apply` returns.
+/// is visible as soon as `apply` returns. Calls overlap every swap (the test waits for calls made after each).
 #[test]
 fn hot_swap_under_load_fails_nothing() {
-    let host = Arc::new(host());
+    // The pool holds an instance for each thread that calls at once (4 workers and this thread): calls never
+    // create instances, so a pool smaller than the concurrency answers `no_instance`.
+    let host = Arc::new(
+        PluginHost::new(HostConfig {
+            prewarm_instances: 6,
+            max_idle_per_plugin: 8,
+            ..HostConfig::default()
+        })
+        .expect("host"),
+    );
     let a = policy("p", &allowlist(), r#"{"ports": [80, 81]}"#);
     let b = policy("p", &allowlist(), r#"{"ports": [80, 82]}"#);
     host.apply(std::slice::from_ref(&a), &[]);
@@ -167,11 +191,101 @@ fn hot_swap_under_load_fails_nothing() {
             !host.authorize(&conn(off, Some(PEER))).is_allow(),
             "swap {i}"
         );
+        // The load goes on across this swap before the next one.
+        let seen = calls.load(Ordering::Relaxed);
+        eventually("calls after the swap", || {
+            (calls.load(Ordering::Relaxed) >= seen + 20).then_some(())
+        });
     }
     stop.store(true, Ordering::Relaxed);
     let failures: u64 = workers.into_iter().map(|w| w.join().expect("worker")).sum();
     assert_eq!(failures, 0);
-    assert!(calls.load(Ordering::Relaxed) > 1000);
+    let errors: Vec<_> = host
+        .metrics_text()
+        .lines()
+        .filter(|l| l.starts_with("weft_plugin_errors_total") && !l.ends_with(" 0"))
+        .map(str::to_string)
+        .collect();
+    assert!(errors.is_empty(), "{errors:?}");
+}
+
+/// Captures the events logged while it is the thread's default subscriber: level and formatted fields.
+#[derive(Clone, Default)]
+struct Capture(Arc<std::sync::Mutex<Vec<(tracing::Level, String)>>>);
+
+impl tracing::Subscriber for Capture {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        struct Fields(String);
+        impl tracing::field::Visit for Fields {
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                self.0.push_str(&format!(" {}={v:?}", f.name()));
+            }
+        }
+        let mut fields = Fields(String::new());
+        event.record(&mut fields);
+        self.0
+            .lock()
+            .unwrap()
+            .push((*event.metadata().level(), fields.0));
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+impl Capture {
+    /// The events about plugin `name` being rejected.
+    fn rejections(&self, name: &str) -> Vec<(tracing::Level, String)> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, f)| f.contains("rejected") && f.contains(&format!("plugin={name}")))
+            .cloned()
+            .collect()
+    }
+}
+
+/// A rejection is logged once, with its reason: a warning while the previous version keeps serving, an error
+/// when nothing serves for the plugin.
+#[test]
+fn a_rejection_is_logged_once_at_the_level_of_its_consequence() {
+    let host = host();
+    let v1 = policy("p", &allowlist(), r#"{"ports": [80]}"#);
+    loaded(&host.apply(std::slice::from_ref(&v1), &[]), "p");
+    let mut bad = (*v1).clone();
+    bad.config = r#"{"ports": ["not a port"]}"#.into();
+    let capture = Capture::default();
+    let report =
+        tracing::subscriber::with_default(capture.clone(), || host.apply(&[Arc::new(bad)], &[]));
+    rejected(&report, "p");
+    let lines = capture.rejections("p");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0].0, tracing::Level::WARN, "{lines:?}");
+    assert!(
+        lines[0].1.contains("configure rejected the config"),
+        "{lines:?}"
+    );
+
+    // Nothing serves for it (never loaded, fail-closed: what it selects is denied).
+    let host = self::host();
+    let mut never = (*policy("q", &allowlist(), "{}")).clone();
+    never.sha256 = Some("11".repeat(32));
+    let capture = Capture::default();
+    let report =
+        tracing::subscriber::with_default(capture.clone(), || host.apply(&[Arc::new(never)], &[]));
+    rejected(&report, "q");
+    let lines = capture.rejections("q");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0].0, tracing::Level::ERROR, "{lines:?}");
+    assert!(lines[0].1.contains("sha256 mismatch"), "{lines:?}");
 }
 
 #[test]
@@ -275,10 +389,13 @@ fn compiled_form_is_cached_on_disk() {
     let p = policy("p", &allowlist(), r#"{"ports": [80]}"#);
     let h1 = PluginHost::new(cfg.clone()).expect("host");
     loaded(&h1.apply(std::slice::from_ref(&p), &[]), "p");
+    // One compiled entry (beside the cache's integrity key).
     let files: Vec<_> = std::fs::read_dir(dir.path().join("cache"))
         .expect("cache dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|name| name != "cache.key")
         .collect();
-    assert_eq!(files.len(), 1);
+    assert_eq!(files.len(), 1, "{files:?}");
     // A second host (a restart) loads the serialized form.
     let h2 = PluginHost::new(cfg).expect("host");
     loaded(&h2.apply(&[p], &[]), "p");
