@@ -97,6 +97,18 @@ impl LocalCa {
         csr_pem: &str,
         validity: Duration,
     ) -> Result<Vec<String>, Error> {
+        self.sign_csr_at(identity, csr_pem, validity, SystemTime::now())
+    }
+
+    /// [`LocalCa::sign_csr`] with the signing time given: validity runs from `now` (back-dated 60 s for clock
+    /// skew). Tests that drive time with a paused clock issue certificates on that clock.
+    pub fn sign_csr_at(
+        &self,
+        identity: &SpiffeId,
+        csr_pem: &str,
+        validity: Duration,
+        now: SystemTime,
+    ) -> Result<Vec<String>, Error> {
         let csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
             .map_err(|e| Error::Ca(format!("bad CSR: {e}")))?;
         let want = identity.to_string();
@@ -114,7 +126,7 @@ impl LocalCa {
                 "CSR must carry exactly the SAN {want}, it carries {sans:?}"
             )));
         }
-        self.sign_params(csr, identity, validity)
+        self.sign_params(csr, identity, validity, now)
     }
 
     /// Sign the CSR's key for `san`, whatever SANs the CSR asks for. Only for fault injection (a CA that answers
@@ -127,7 +139,7 @@ impl LocalCa {
     ) -> Result<Vec<String>, Error> {
         let csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
             .map_err(|e| Error::Ca(format!("bad CSR: {e}")))?;
-        self.sign_params(csr, san, validity)
+        self.sign_params(csr, san, validity, SystemTime::now())
     }
 
     fn sign_params(
@@ -135,8 +147,8 @@ impl LocalCa {
         mut csr: rcgen::CertificateSigningRequestParams,
         san: &SpiffeId,
         validity: Duration,
+        now: SystemTime,
     ) -> Result<Vec<String>, Error> {
-        let now = SystemTime::now();
         let p = &mut csr.params;
         p.not_before = (now - Duration::from_secs(60)).into();
         p.not_after = (now + validity).into();
