@@ -8,6 +8,16 @@ use weft_hbone::{H2Config, PoolConfig};
 /// Ports weft itself uses; a connection addressed to one of them on a workload is refused (self-call protection).
 pub const RESERVED_PORTS: [u16; 4] = [15001, 15006, 15008, 15080];
 
+/// Default cap of open connections per listener.
+///
+/// ztunnel and Envoy set none by default. weft caps each listener so that a flood on one of them (15008 and 15006
+/// listen on every address) cannot take every file descriptor and starve the other listeners and the node's own
+/// connections: a relayed connection holds two descriptors, so four listeners at 65,536 each stay within the
+/// 1,048,576 descriptors container runtimes give by default, while a node's workloads rarely hold more than a few
+/// thousand connections per listener (and a single client address cannot exceed its ~28,000 ephemeral ports
+/// towards one destination anyway).
+pub const DEFAULT_MAX_CONNECTIONS_PER_LISTENER: usize = 65_536;
+
 /// Where the inbound HBONE listener binds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum InboundBind {
@@ -53,6 +63,10 @@ pub struct ProxyConfig {
     pub idle_timeout: Duration,
     /// How long a drain waits for open connections before closing them.
     pub drain_deadline: Duration,
+    /// Open connections each listener holds at most (a TCP connection counts from accept to close, so an HBONE
+    /// connection counts once however many streams it carries); `None` = unlimited. A connection over the cap is
+    /// closed at once, logged (rate-limited) and counted in `weft_listener_connections_refused_total`.
+    pub max_connections_per_listener: Option<usize>,
     /// HTTP/2 settings.
     pub h2: H2Config,
     /// HBONE connection pool settings.
@@ -76,6 +90,7 @@ impl ProxyConfig {
             identity_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(3600),
             drain_deadline: Duration::from_secs(5),
+            max_connections_per_listener: Some(DEFAULT_MAX_CONNECTIONS_PER_LISTENER),
             h2: H2Config::default(),
             pool: PoolConfig::default(),
         }

@@ -17,6 +17,32 @@ pub(crate) type Transport = &'static str;
 /// Read and write halves of one side.
 pub(crate) struct Halves<R, W>(pub R, pub W);
 
+/// How a connection travelled, beyond its record, for the access log.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Via {
+    /// The HBONE address: dialled (outbound) or accepted on (inbound).
+    pub hbone_addr: Option<SocketAddr>,
+    /// Inbound HBONE: the `for=` address of the peer's `forwarded` header, as the peer wrote it. Logged only;
+    /// never used for policy or to look up the source workload (see `Inner::handle_hbone_stream`).
+    pub forwarded_for: Option<SocketAddr>,
+}
+
+impl Via {
+    /// No HBONE hop.
+    pub const NONE: Via = Via {
+        hbone_addr: None,
+        forwarded_for: None,
+    };
+
+    /// An HBONE hop at `addr`.
+    pub fn hbone(addr: SocketAddr) -> Via {
+        Via {
+            hbone_addr: Some(addr),
+            forwarded_for: None,
+        }
+    }
+}
+
 impl Inner {
     fn labels(record: &ConnectionRecord, transport: Transport) -> DirLabels {
         DirLabels {
@@ -30,7 +56,7 @@ impl Inner {
         self: &Arc<Self>,
         record: Arc<ConnectionRecord>,
         transport: Transport,
-        hbone_addr: Option<SocketAddr>,
+        via: Via,
         src: Halves<SR, SW>,
         dst: Halves<DR, DW>,
     ) where
@@ -94,27 +120,16 @@ impl Inner {
             response_flags: flags,
         };
         self.hooks.on_close(&record, &close);
-        access_log(&record, hbone_addr, &close);
+        access_log(&record, via, &close);
     }
 
     /// Ask the policy plugins about an inbound connection; a denial is logged and reported here.
-    pub(crate) fn authorize_inbound(
-        &self,
-        record: &ConnectionRecord,
-        hbone_addr: Option<SocketAddr>,
-    ) -> Result<(), ()> {
+    pub(crate) fn authorize_inbound(&self, record: &ConnectionRecord, via: Via) -> Result<(), ()> {
         match self.hooks.authorize(record) {
             Verdict::Allow => Ok(()),
             v => {
                 tracing::info!(conn = record.id, src = %record.src, dst = %record.dst, peer_identity = record.peer_identity.as_deref().unwrap_or(""), verdict = ?v, "connection denied by policy");
-                self.failed(
-                    record,
-                    hbone_addr,
-                    "denied",
-                    v.clone(),
-                    format!("{v:?}"),
-                    "DENY",
-                );
+                self.failed(record, via, "denied", v.clone(), format!("{v:?}"), "DENY");
                 Err(())
             }
         }
@@ -124,7 +139,7 @@ impl Inner {
     pub(crate) async fn connect_workload(
         &self,
         record: &ConnectionRecord,
-        hbone_addr: Option<SocketAddr>,
+        via: Via,
     ) -> Result<tokio::net::TcpStream, ()> {
         let dst = record.dst;
         let r = tokio::time::timeout(
@@ -138,14 +153,7 @@ impl Inner {
             Err(_) => format!("connect to {dst}: timed out"),
         };
         tracing::warn!(conn = record.id, %dst, %error, "local workload did not accept the connection");
-        self.failed(
-            record,
-            hbone_addr,
-            "connect",
-            Verdict::Allow,
-            error,
-            "CONNECT",
-        );
+        self.failed(record, via, "connect", Verdict::Allow, error, "CONNECT");
         Err(())
     }
 
@@ -153,7 +161,7 @@ impl Inner {
     pub(crate) fn failed(
         &self,
         record: &ConnectionRecord,
-        hbone_addr: Option<SocketAddr>,
+        via: Via,
         reason: &'static str,
         verdict: Verdict,
         error: String,
@@ -169,11 +177,11 @@ impl Inner {
             response_flags: flags,
         };
         self.hooks.on_close(record, &close);
-        access_log(record, hbone_addr, &close);
+        access_log(record, via, &close);
     }
 }
 
-fn access_log(record: &ConnectionRecord, hbone_addr: Option<SocketAddr>, close: &CloseRecord) {
+fn access_log(record: &ConnectionRecord, via: Via, close: &CloseRecord) {
     // The fields below allocate (identities, addresses): build them only when the line is written.
     if !tracing::enabled!(target: "access", tracing::Level::INFO) {
         return;
@@ -202,7 +210,8 @@ fn access_log(record: &ConnectionRecord, hbone_addr: Option<SocketAddr>, close: 
         src.namespace = sn,
         src.identity = src_identity,
         dst.addr = %record.dst,
-        dst.hbone_addr = hbone_addr.map(|a| a.to_string()).unwrap_or_default(),
+        dst.hbone_addr = via.hbone_addr.map(|a| a.to_string()).unwrap_or_default(),
+        forwarded_for = via.forwarded_for.map(|a| a.to_string()).unwrap_or_default(),
         dst.service = record.dst_service.as_deref().unwrap_or(""),
         dst.workload = dw,
         dst.namespace = dn,

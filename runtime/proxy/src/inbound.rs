@@ -12,7 +12,7 @@ use weft_hooks::{ConnectionRecord, Direction, Verdict};
 use weft_identity::SpiffeId;
 use weft_state::TunnelProtocol;
 
-use crate::conn::Halves;
+use crate::conn::{Halves, Via};
 use crate::{Inner, socket};
 
 impl Inner {
@@ -174,7 +174,12 @@ impl Inner {
                 format!("port {} is weft's own", dst.port()),
             );
         }
-        let src = forwarded_for(req.headers()).unwrap_or(peer);
+        // The source is the TCP peer of the HBONE connection: the one address the peer cannot choose. The
+        // `forwarded: for=` address is the peer's claim and is only logged (see `source_of`).
+        let (src, claimed) = source_of(peer, req.headers());
+        if let Some(claimed) = claimed.filter(|c| *c != peer) {
+            tracing::debug!(%peer, forwarded_for = %claimed, "forwarded for= differs from the TCP peer; the TCP peer is used");
+        }
         let src_wl = state
             .workload_by_ip(src.ip())
             .filter(|w| w.spiffe_id() == *peer_id)
@@ -197,38 +202,45 @@ impl Inner {
             }),
             hbone: true,
         });
-        let hbone_addr = Some(local);
-        if self.authorize_inbound(&record, hbone_addr).is_err() {
+        let via = Via {
+            hbone_addr: Some(local),
+            forwarded_for: claimed,
+        };
+        if self.authorize_inbound(&record, via).is_err() {
             let _ = req.reject(StatusCode::UNAUTHORIZED);
             return;
         }
-        let Ok(upstream) = self.connect_workload(&record, hbone_addr).await else {
+        let Ok(upstream) = self.connect_workload(&record, via).await else {
             let _ = req.reject(StatusCode::SERVICE_UNAVAILABLE);
             return;
         };
         let stream = match req.accept(HeaderMap::new()) {
             Ok(s) => s,
             Err(e) => {
-                self.failed(
-                    &record,
-                    hbone_addr,
-                    "h2",
-                    Verdict::Allow,
-                    e.to_string(),
-                    "-",
-                );
+                self.failed(&record, via, "h2", Verdict::Allow, e.to_string(), "-");
                 return;
             }
         };
         let (tr, tw) = stream.into_split();
         let (ur, uw) = upstream.into_split();
-        self.run(record, "hbone", hbone_addr, Halves(tr, tw), Halves(ur, uw))
+        self.run(record, "hbone", via, Halves(tr, tw), Halves(ur, uw))
             .await;
     }
 }
 
+/// The source address of an inbound HBONE stream, and the address the peer claims in `forwarded: for=`.
+///
+/// Security rule: policy (`sourceIps`/`notSourceIps`) and the source-workload lookup see only the TCP peer
+/// address of the HBONE connection (`peer`), which the kernel reports and the peer cannot choose (with
+/// `--bind-source-ip` or in-pod mode it is the client workload's own address). The `forwarded` header is written by
+/// the peer: its `for=` address is returned as a claim to be logged (`forwarded_for` in the access log) and must
+/// never be trusted for a decision. ztunnel does the same (its inbound takes the connection's source address).
+fn source_of(peer: SocketAddr, h: &HeaderMap) -> (SocketAddr, Option<SocketAddr>) {
+    (peer, forwarded_for(h))
+}
+
 /// The `for="ip:port"` element of a `forwarded` header.
-fn forwarded_for(h: &HeaderMap) -> Option<SocketAddr> {
+pub(crate) fn forwarded_for(h: &HeaderMap) -> Option<SocketAddr> {
     let v = h.get("forwarded")?.to_str().ok()?;
     v.split(';').find_map(|part| {
         let part = part.trim();
@@ -238,7 +250,7 @@ fn forwarded_for(h: &HeaderMap) -> Option<SocketAddr> {
 }
 
 /// The `host=` element of a `forwarded` header (the service hostname the client targeted).
-fn forwarded_host(h: &HeaderMap) -> Option<&str> {
+pub(crate) fn forwarded_host(h: &HeaderMap) -> Option<&str> {
     let v = h.get("forwarded")?.to_str().ok()?;
     v.split(';')
         .find_map(|part| part.trim().strip_prefix("host="))

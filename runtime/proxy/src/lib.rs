@@ -12,6 +12,8 @@ mod plaintext;
 pub mod relay;
 pub mod socket;
 mod socks5;
+#[cfg(test)]
+mod testkit;
 pub mod tracker;
 
 use std::collections::HashMap;
@@ -210,7 +212,7 @@ impl Proxy {
                     r = rx.changed() => if r.is_err() { return },
                     () = inner.drain.cancelled() => return,
                 }
-                let n = inner.tracker.recheck(inner.hooks.as_ref());
+                let n = inner.tracker.recheck(inner.hooks.clone()).await;
                 if n > 0 {
                     tracing::info!(closed = n, "policy re-check closed live connections");
                 }
@@ -275,11 +277,26 @@ impl Proxy {
     }
 }
 
+/// Minimum time between two "connection cap reached" warnings of one listener.
+const CAP_WARN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
 async fn accept_loop<F, Fut>(inner: Arc<Inner>, lis: TcpListener, what: &'static str, handler: F)
 where
     F: Fn(Arc<Inner>, TcpStream, SocketAddr) -> Fut + Send + Sync + Copy + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    let labels = metrics::ListenerLabels { listener: what };
+    let refused = inner
+        .metrics
+        .listener_refused
+        .get_or_create(&labels)
+        .clone();
+    let open = inner.metrics.listener_open.get_or_create(&labels).clone();
+    let cap = inner.cfg.max_connections_per_listener;
+    let slots = cap.map(|n| Arc::new(tokio::sync::Semaphore::new(n)));
+    // Rate limit of the cap warning: when it was last logged and how many refusals it has not reported yet.
+    let mut last_warn: Option<tokio::time::Instant> = None;
+    let mut unreported: u64 = 0;
     loop {
         let accepted = tokio::select! {
             a = lis.accept() => a,
@@ -288,11 +305,34 @@ where
         match accepted {
             Ok((stream, peer)) => {
                 let peer = socket::canonical(peer);
+                let permit = match &slots {
+                    None => None,
+                    Some(s) => match s.clone().try_acquire_owned() {
+                        Ok(p) => Some(p),
+                        Err(_) => {
+                            // Over the cap: close at once (the peer sees the connection closed before any byte).
+                            refused.inc();
+                            drop(stream);
+                            unreported += 1;
+                            if last_warn.is_none_or(|t| t.elapsed() >= CAP_WARN_INTERVAL) {
+                                tracing::warn!(listener = what, %peer, cap = cap.unwrap_or(0), refused = unreported, "listener connection cap reached: refusing new connections");
+                                last_warn = Some(tokio::time::Instant::now());
+                                unreported = 0;
+                            }
+                            continue;
+                        }
+                    },
+                };
                 // TCP_NODELAY is inherited from the listener (see `socket::listen`).
                 let inner = inner.clone();
+                let open = OpenGuard::new(open.clone());
                 let span = tracing::debug_span!("conn", listener = what, %peer);
                 tokio::spawn(tracing::Instrument::instrument(
-                    handler(inner, stream, peer),
+                    async move {
+                        // Held until the connection ends, however it ends (the task may be aborted).
+                        let _slot = (permit, open);
+                        handler(inner, stream, peer).await;
+                    },
                     span,
                 ));
             }
@@ -302,5 +342,21 @@ where
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             }
         }
+    }
+}
+
+/// Counts one open connection of a listener while it lives.
+struct OpenGuard(prometheus_client::metrics::gauge::Gauge);
+
+impl OpenGuard {
+    fn new(g: prometheus_client::metrics::gauge::Gauge) -> Self {
+        g.inc();
+        Self(g)
+    }
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }

@@ -24,6 +24,13 @@ pub struct FailLabels {
     pub reason: &'static str,
 }
 
+/// Labels: which listener (`outbound`, `socks5`, `inbound_plaintext`, `inbound_hbone`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabels {
+    /// Listener name.
+    pub listener: &'static str,
+}
+
 /// Data-path metrics.
 #[derive(Debug, Default)]
 pub struct ProxyMetrics {
@@ -41,6 +48,10 @@ pub struct ProxyMetrics {
     pub active: Family<DirLabels, Gauge>,
     /// Live connections closed because a policy change denied them.
     pub rechecks_closed: Counter,
+    /// Connections a listener refused because it had its cap of open connections.
+    pub listener_refused: Family<ListenerLabels, Counter>,
+    /// Connections a listener accepted that are open now (from accept to close, handshakes included).
+    pub listener_open: Family<ListenerLabels, Gauge>,
 }
 
 impl ProxyMetrics {
@@ -80,6 +91,16 @@ impl ProxyMetrics {
             "weft_policy_recheck_closed",
             "Live connections closed because a policy change denied them",
             self.rechecks_closed.clone(),
+        );
+        reg.register(
+            "weft_listener_connections_refused",
+            "Connections refused because the listener had its cap of open connections",
+            self.listener_refused.clone(),
+        );
+        reg.register(
+            "weft_listener_connections",
+            "Connections accepted by each listener that are open now",
+            self.listener_open.clone(),
         );
     }
 

@@ -5,25 +5,49 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::net::TcpStream;
-use weft_hbone::{ConnectRequest, H2Stream};
+use weft_hbone::{ConnectRequest, H2Stream, SharedError};
 use weft_hooks::{ConnectionRecord, Direction, Verdict};
 use weft_identity::SpiffeId;
 use weft_state::{Resolved, TunnelProtocol};
 
-use crate::conn::Halves;
+use crate::conn::{Halves, Via};
 use crate::{Inner, headers, socket};
 
-/// Pool key: one HTTP/2 connection serves one (source identity, destination identity, source IP, destination).
+/// Pool key: one HTTP/2 connection serves one (source identity, accepted destination identities, source IP,
+/// destination).
+///
+/// The accepted identities are everything the TLS verifier of the connection accepted (the destination workload's
+/// identity plus the service's SANs when a service was targeted): a connection verified against a wider set must
+/// never serve a request that accepts fewer, so the whole set is part of the key (as in ztunnel).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PoolKey {
     /// Source workload identity.
     pub src_id: SpiffeId,
-    /// Expected destination identity.
-    pub dst_id: SpiffeId,
+    /// Every identity the destination may present, sorted and deduplicated (so equal sets are equal keys).
+    pub dst_ids: Arc<[SpiffeId]>,
     /// Source IP the connection is bound to (if any).
     pub src_ip: Option<std::net::IpAddr>,
     /// HBONE address dialled.
     pub dst: SocketAddr,
+}
+
+impl PoolKey {
+    /// A key for connections from `src_id` (bound to `src_ip`) to `dst` that accept any of `accepted`.
+    pub fn new(
+        src_id: SpiffeId,
+        mut accepted: Vec<SpiffeId>,
+        src_ip: Option<std::net::IpAddr>,
+        dst: SocketAddr,
+    ) -> Self {
+        accepted.sort_unstable();
+        accepted.dedup();
+        Self {
+            src_id,
+            dst_ids: accepted.into(),
+            src_ip,
+            dst,
+        }
+    }
 }
 
 /// Why an outbound connection could not be established.
@@ -44,8 +68,122 @@ pub enum OutboundError {
     #[error("no certificate for {0}")]
     Identity(String),
     /// Connecting (TCP, TLS, HTTP/2 or CONNECT) failed.
-    #[error("upstream connect failed: {0}")]
-    Connect(String),
+    #[error("upstream connect failed ({}): {}", kind.as_str(), error_chain(source.as_ref()))]
+    Connect {
+        /// Which step failed, from the error's type.
+        kind: ConnectFailure,
+        /// The cause.
+        source: SharedError,
+    },
+}
+
+/// The step at which connecting upstream failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectFailure {
+    /// The TCP connection was refused or failed.
+    Tcp,
+    /// The TLS handshake failed (including a peer identity the verifier does not accept), or no TLS client
+    /// configuration could be built.
+    Tls,
+    /// TLS succeeded but the HTTP/2 handshake did not.
+    H2Handshake,
+    /// The connect timeout elapsed (TCP, TLS and HTTP/2 together).
+    Timeout,
+    /// The CONNECT stream on an HTTP/2 connection failed (reset, connection closed, a non-200 status).
+    Tunnel,
+}
+
+impl ConnectFailure {
+    /// Short name (logs).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConnectFailure::Tcp => "tcp",
+            ConnectFailure::Tls => "tls",
+            ConnectFailure::H2Handshake => "http2_handshake",
+            ConnectFailure::Timeout => "timeout",
+            ConnectFailure::Tunnel => "connect",
+        }
+    }
+
+    /// Istio-style response flag for the access log and telemetry.
+    pub fn response_flag(self) -> &'static str {
+        match self {
+            ConnectFailure::Tls => "TLS_FAILURE",
+            ConnectFailure::H2Handshake => "H2_HANDSHAKE_FAILURE",
+            ConnectFailure::Tcp | ConnectFailure::Timeout | ConnectFailure::Tunnel => "CONNECT",
+        }
+    }
+}
+
+/// Why dialling an upstream failed, by step. It is the error of the HBONE pool's connect function, so that the
+/// failure is classified from its type ([`DialError::kind`]), not from its text.
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    /// TCP connect.
+    #[error("tcp connect to {addr}: {source}")]
+    Tcp {
+        /// Address dialled.
+        addr: SocketAddr,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// Building the TLS client configuration.
+    #[error("TLS client configuration for {addr}: {source}")]
+    TlsConfig {
+        /// Address dialled.
+        addr: SocketAddr,
+        /// Cause.
+        source: weft_identity::Error,
+    },
+    /// TLS handshake (rustls errors arrive wrapped in `io::Error`).
+    #[error("TLS handshake with {addr}: {source}")]
+    Tls {
+        /// Address dialled.
+        addr: SocketAddr,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// HTTP/2 handshake.
+    #[error("HTTP/2 handshake with {addr}: {source}")]
+    H2 {
+        /// Address dialled.
+        addr: SocketAddr,
+        /// Cause.
+        source: weft_hbone::Error,
+    },
+    /// The connect timeout elapsed.
+    #[error("connecting to {addr} timed out after {after:?}")]
+    Timeout {
+        /// Address dialled.
+        addr: SocketAddr,
+        /// The timeout.
+        after: std::time::Duration,
+    },
+}
+
+impl DialError {
+    /// The step that failed.
+    pub fn kind(&self) -> ConnectFailure {
+        match self {
+            DialError::Tcp { .. } => ConnectFailure::Tcp,
+            DialError::TlsConfig { .. } | DialError::Tls { .. } => ConnectFailure::Tls,
+            DialError::H2 { .. } => ConnectFailure::H2Handshake,
+            DialError::Timeout { .. } => ConnectFailure::Timeout,
+        }
+    }
+}
+
+/// Classify a failed pooled CONNECT: a dial failure keeps its own kind, anything else failed on the tunnel.
+fn classify(e: weft_hbone::Error) -> (ConnectFailure, SharedError) {
+    match e {
+        weft_hbone::Error::ConnectFailed(cause) => {
+            let kind = (cause.as_ref() as &(dyn std::error::Error + 'static))
+                .downcast_ref::<DialError>()
+                .map_or(ConnectFailure::Tunnel, DialError::kind);
+            (kind, cause)
+        }
+        other => (ConnectFailure::Tunnel, Arc::new(other)),
+    }
 }
 
 /// The upstream side of an established outbound connection.
@@ -91,7 +229,7 @@ impl Inner {
                 _ => Verdict::Allow,
             };
             tracing::warn!(conn = record.id, %src, %dst, error = %e, "outbound connection failed");
-            self.failed(record, None, reason, verdict, e.to_string(), flags);
+            self.failed(record, Via::NONE, reason, verdict, e.to_string(), flags);
             e
         };
         if crate::config::RESERVED_PORTS.contains(&dst.port())
@@ -138,24 +276,37 @@ impl Inner {
                     .as_ref()
                     .filter(|_| self.cfg.bind_source_ip)
                     .map(|_| src.ip());
-                let conn = tokio::time::timeout(
+                let addr = resolved.addr;
+                let conn = match tokio::time::timeout(
                     self.cfg.connect_timeout,
-                    socket::connect(resolved.addr, self.cfg.mark, bind),
+                    socket::connect(addr, self.cfg.mark, bind),
                 )
                 .await
-                .map_err(|_| "timed out".to_owned())
-                .and_then(|r| r.map_err(|e| e.to_string()));
+                {
+                    Ok(Ok(s)) => Ok(s),
+                    Ok(Err(source)) => Err(DialError::Tcp { addr, source }),
+                    Err(_) => Err(DialError::Timeout {
+                        addr,
+                        after: self.cfg.connect_timeout,
+                    }),
+                };
                 return match conn {
                     Ok(s) => Ok(Established {
                         record,
                         upstream: Upstream::Tcp(s),
                     }),
-                    Err(e) => Err(fail(
-                        &record,
-                        "connect",
-                        "CONNECT",
-                        OutboundError::Connect(format!("{}: {e}", resolved.addr)),
-                    )),
+                    Err(e) => {
+                        let kind = e.kind();
+                        Err(fail(
+                            &record,
+                            "connect",
+                            kind.response_flag(),
+                            OutboundError::Connect {
+                                kind,
+                                source: Arc::new(e),
+                            },
+                        ))
+                    }
                 };
             }
         };
@@ -196,9 +347,10 @@ impl Inner {
                 OutboundError::Identity(e.to_string()),
             )
         })?;
-        let mut expected = vec![dst_id.clone()];
+        // Every identity the verifier will accept; the pool key holds the same set.
+        let mut accepted = vec![dst_id];
         if let Some(svc) = &resolved.service {
-            expected.extend(
+            accepted.extend(
                 svc.subject_alt_names
                     .iter()
                     .filter_map(|s| s.parse::<SpiffeId>().ok()),
@@ -228,12 +380,8 @@ impl Inner {
                 }
             };
         let src_ip = self.cfg.bind_source_ip.then_some(src.ip());
-        let key = PoolKey {
-            src_id,
-            dst_id,
-            src_ip,
-            dst: hbone_addr,
-        };
+        let key = PoolKey::new(src_id, accepted, src_ip, hbone_addr);
+        let expected = key.dst_ids.to_vec();
         let req = ConnectRequest {
             authority: resolved.addr.to_string(),
             headers: headers::connect_headers(
@@ -245,23 +393,29 @@ impl Inner {
         };
         let me = self.clone();
         let connect = || async move {
-            let tls_cfg = cert.client_config(expected).map_err(|e| e.to_string())?;
+            let addr = hbone_addr;
+            let tls_cfg = cert
+                .client_config(expected)
+                .map_err(|source| DialError::TlsConfig { addr, source })?;
             let work = async {
-                let tcp = socket::connect(hbone_addr, me.cfg.mark, src_ip)
+                let tcp = socket::connect(addr, me.cfg.mark, src_ip)
                     .await
-                    .map_err(|e| format!("tcp connect to {hbone_addr}: {e}"))?;
-                let name = rustls::pki_types::ServerName::IpAddress(hbone_addr.ip().into());
+                    .map_err(|source| DialError::Tcp { addr, source })?;
+                let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
                 let tls = tokio_rustls::TlsConnector::from(tls_cfg)
                     .connect(name, tcp)
                     .await
-                    .map_err(|e| format!("TLS handshake with {hbone_addr}: {e}"))?;
+                    .map_err(|source| DialError::Tls { addr, source })?;
                 weft_hbone::handshake(tls, &me.cfg.h2)
                     .await
-                    .map_err(|e| format!("HTTP/2 handshake with {hbone_addr}: {e}"))
+                    .map_err(|source| DialError::H2 { addr, source })
             };
             match tokio::time::timeout(me.cfg.connect_timeout, work).await {
                 Ok(r) => r,
-                Err(_) => Err(format!("connecting to {hbone_addr} timed out")),
+                Err(_) => Err(DialError::Timeout {
+                    addr,
+                    after: me.cfg.connect_timeout,
+                }),
             }
         };
         match self.pool.connect(key, req, connect).await {
@@ -280,7 +434,7 @@ impl Inner {
                 };
                 self.failed(
                     &record,
-                    Some(hbone_addr),
+                    Via::hbone(hbone_addr),
                     "denied",
                     v,
                     reason.clone(),
@@ -290,22 +444,19 @@ impl Inner {
                 Err(OutboundError::Denied { by, reason })
             }
             Err(e) => {
-                let msg = error_chain(&e);
-                let flags = if msg.contains("TLS") {
-                    "TLS_FAILURE"
-                } else {
-                    "CONNECT"
-                };
+                let (kind, source) = classify(e);
+                let e = OutboundError::Connect { kind, source };
+                let msg = e.to_string();
                 self.failed(
                     &record,
-                    Some(hbone_addr),
+                    Via::hbone(hbone_addr),
                     "connect",
                     Verdict::Allow,
                     msg.clone(),
-                    flags,
+                    kind.response_flag(),
                 );
                 tracing::warn!(conn = record.id, %src, %dst, %hbone_addr, error = %msg, "outbound HBONE connection failed");
-                Err(OutboundError::Connect(msg))
+                Err(e)
             }
         }
     }
@@ -319,7 +470,7 @@ impl Inner {
                 self.run(
                     est.record,
                     "hbone",
-                    Some(addr),
+                    Via::hbone(addr),
                     Halves(cr, cw),
                     Halves(ur, uw),
                 )
@@ -327,7 +478,7 @@ impl Inner {
             }
             Upstream::Tcp(s) => {
                 let (ur, uw) = s.into_split();
-                self.run(est.record, "tcp", None, Halves(cr, cw), Halves(ur, uw))
+                self.run(est.record, "tcp", Via::NONE, Halves(cr, cw), Halves(ur, uw))
                     .await;
             }
         }
@@ -372,3 +523,6 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     }
     s
 }
+
+#[cfg(test)]
+mod tests;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tokio::net::TcpStream;
 use weft_hooks::{ConnectionRecord, Direction};
 
-use crate::conn::Halves;
+use crate::conn::{Halves, Via};
 use crate::{Inner, socket};
 
 impl Inner {
@@ -49,15 +49,21 @@ impl Inner {
             dst_service: None,
             hbone: false,
         });
-        if self.authorize_inbound(&record, None).is_err() {
+        if self.authorize_inbound(&record, Via::NONE).is_err() {
             return;
         }
-        let Ok(upstream) = self.connect_workload(&record, None).await else {
+        let Ok(upstream) = self.connect_workload(&record, Via::NONE).await else {
             return;
         };
         let (cr, cw) = client.into_split();
         let (ur, uw) = upstream.into_split();
-        self.run(record, "plaintext", None, Halves(cr, cw), Halves(ur, uw))
-            .await;
+        self.run(
+            record,
+            "plaintext",
+            Via::NONE,
+            Halves(cr, cw),
+            Halves(ur, uw),
+        )
+        .await;
     }
 }

@@ -9,11 +9,12 @@ use std::future::Future;
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::time::Instant;
 use weft_hbone::{H2RecvHalf, H2SendHalf};
 
 use crate::tracker::ConnControl;
@@ -76,7 +77,8 @@ impl RelayWrite for H2SendHalf {
     }
 }
 
-/// Byte counters and last activity of one connection, readable while it runs.
+/// Byte counters and last activity of one connection, readable while it runs. Times come from tokio's clock, so
+/// the idle timeout follows a paused test clock.
 #[derive(Debug)]
 pub struct Counters {
     /// Bytes from the source to the destination.
@@ -204,5 +206,119 @@ where
         },
         () = idle => RelayEnd::Idle,
         () = ctl.cancel.cancelled() => RelayEnd::Cancelled,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code: a panic fails the test
+
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    /// Two connected sockets: (the peer's end, the relay's end).
+    async fn pair() -> (TcpStream, TcpStream) {
+        let lis = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let peer = TcpStream::connect(lis.local_addr().unwrap()).await.unwrap();
+        let (ours, _) = lis.accept().await.unwrap();
+        (peer, ours)
+    }
+
+    /// client ⇄ [relay] ⇄ server; returns the client, the server and the running relay.
+    async fn relayed(
+        idle: Duration,
+        ctl: Arc<ConnControl>,
+    ) -> (
+        TcpStream,
+        TcpStream,
+        Arc<Counters>,
+        tokio::task::JoinHandle<RelayEnd>,
+    ) {
+        let (client, src) = pair().await;
+        let (server, dst) = pair().await;
+        let counters = Arc::new(Counters::default());
+        let c = counters.clone();
+        let task = tokio::spawn(async move {
+            let (sr, sw) = src.into_split();
+            let (dr, dw) = dst.into_split();
+            relay(sr, sw, dr, dw, c, &ctl, idle).await
+        });
+        (client, server, counters, task)
+    }
+
+    #[tokio::test]
+    async fn half_close_passes_through_and_the_other_way_keeps_working() {
+        let (mut client, mut server, counters, task) =
+            relayed(Duration::from_secs(60), Arc::default()).await;
+        client.write_all(b"request").await.unwrap();
+        client.shutdown().await.unwrap();
+        // The server sees the bytes, then EOF (the client's FIN passed through)...
+        let mut got = Vec::new();
+        server.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"request");
+        // ... and can still answer on its open half.
+        server.write_all(b"response after EOF").await.unwrap();
+        server.shutdown().await.unwrap();
+        let mut back = Vec::new();
+        client.read_to_end(&mut back).await.unwrap();
+        assert_eq!(back, b"response after EOF");
+        assert_eq!(task.await.unwrap(), RelayEnd::Done);
+        assert_eq!(counters.sent.load(Ordering::Relaxed), 7);
+        assert_eq!(counters.received.load(Ordering::Relaxed), 18);
+    }
+
+    #[tokio::test]
+    async fn large_transfers_arrive_intact() {
+        let (mut client, mut server, counters, task) =
+            relayed(Duration::from_secs(60), Arc::default()).await;
+        let data: Vec<u8> = (0..3 * MAX_BUF).map(|i| (i % 251) as u8).collect();
+        let expect = data.clone();
+        let writer = tokio::spawn(async move {
+            client.write_all(&data).await.unwrap();
+            client.shutdown().await.unwrap();
+            client
+        });
+        let mut got = Vec::new();
+        server.read_to_end(&mut got).await.unwrap();
+        assert!(got == expect, "payload changed in transit");
+        drop(server);
+        drop(writer.await.unwrap());
+        assert_eq!(task.await.unwrap(), RelayEnd::Done);
+        assert_eq!(counters.sent.load(Ordering::Relaxed), expect.len() as u64);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_is_closed_and_traffic_resets_the_timer() {
+        let idle = Duration::from_secs(60);
+        let start = tokio::time::Instant::now();
+        let (mut client, mut server, _, task) = relayed(idle, Arc::default()).await;
+        // At 40 s one byte goes through: the timer restarts from there.
+        tokio::time::sleep(Duration::from_secs(40)).await;
+        client.write_all(b"x").await.unwrap();
+        let mut one = [0u8; 1];
+        server.read_exact(&mut one).await.unwrap();
+        // 60 s after the start the connection is not idle (only 20 s since the byte).
+        tokio::time::sleep_until(start + Duration::from_secs(90)).await;
+        assert!(!task.is_finished());
+        assert_eq!(task.await.unwrap(), RelayEnd::Idle);
+        let ended = start.elapsed();
+        assert!(
+            ended >= Duration::from_secs(100),
+            "closed after {ended:?}, before 60 s of silence"
+        );
+        // Both ends see the connection closed.
+        let mut rest = Vec::new();
+        assert_eq!(client.read_to_end(&mut rest).await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn cancelling_ends_the_relay() {
+        let ctl = Arc::new(ConnControl::default());
+        let (mut client, _server, _, task) = relayed(Duration::from_secs(60), ctl.clone()).await;
+        ctl.cancel.cancel();
+        assert_eq!(task.await.unwrap(), RelayEnd::Cancelled);
+        let mut rest = Vec::new();
+        assert_eq!(client.read_to_end(&mut rest).await.unwrap(), 0);
     }
 }

@@ -4,7 +4,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::Inner;
@@ -19,12 +19,14 @@ const REP_REFUSED: u8 = 5;
 const REP_CMD_UNSUPPORTED: u8 = 7;
 const REP_ATYP_UNSUPPORTED: u8 = 8;
 
-async fn reply(s: &mut TcpStream, code: u8) -> std::io::Result<()> {
+async fn reply<S: AsyncWrite + Unpin>(s: &mut S, code: u8) -> std::io::Result<()> {
     s.write_all(&[VER, code, 0, 1, 0, 0, 0, 0, 0, 0]).await
 }
 
 /// Read the greeting and the request; returns the destination, or `None` after replying with an error.
-async fn read_request(s: &mut TcpStream) -> std::io::Result<Option<SocketAddr>> {
+pub(crate) async fn read_request<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+) -> std::io::Result<Option<SocketAddr>> {
     let mut head = [0u8; 2];
     s.read_exact(&mut head).await?;
     if head[0] != VER {
@@ -116,11 +118,127 @@ impl Inner {
                 let code = match e {
                     OutboundError::Denied { .. } => REP_NOT_ALLOWED,
                     OutboundError::Unroutable(_) => REP_HOST_UNREACHABLE,
-                    OutboundError::Connect(_) => REP_REFUSED,
+                    OutboundError::Connect { .. } => REP_REFUSED,
                     OutboundError::Identity(_) => REP_FAILURE,
                 };
                 let _ = reply(&mut client, code).await;
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code: a panic fails the test
+
+    use super::*;
+
+    /// Feed `input` to the parser as a client would, and return what it decided and everything it wrote back.
+    async fn parse(input: &[u8]) -> (std::io::Result<Option<SocketAddr>>, Vec<u8>) {
+        let (mut client, mut server) = tokio::io::duplex(1024);
+        client.write_all(input).await.unwrap();
+        // The client is done sending: a parser that wants more bytes sees EOF.
+        client.shutdown().await.unwrap();
+        let r = read_request(&mut server).await;
+        drop(server);
+        let mut out = Vec::new();
+        client.read_to_end(&mut out).await.unwrap();
+        (r, out)
+    }
+
+    const HELLO: [u8; 3] = [5, 1, 0];
+
+    fn request(atyp_and_addr: &[u8], port: u16, cmd: u8) -> Vec<u8> {
+        let mut v = HELLO.to_vec();
+        v.extend([5, cmd, 0]);
+        v.extend(atyp_and_addr);
+        v.extend(port.to_be_bytes());
+        v
+    }
+
+    #[tokio::test]
+    async fn ipv4_connect() {
+        let (r, out) = parse(&request(&[1, 10, 0, 0, 7], 8080, 1)).await;
+        assert_eq!(r.unwrap(), Some("10.0.0.7:8080".parse().unwrap()));
+        assert_eq!(
+            out,
+            [5, 0],
+            "method selection only: the reply waits for the upstream"
+        );
+    }
+
+    #[tokio::test]
+    async fn ipv6_connect() {
+        let mut addr = vec![4];
+        addr.extend("fd00::2".parse::<Ipv6Addr>().unwrap().octets());
+        let (r, _) = parse(&request(&addr, 443, 1)).await;
+        assert_eq!(r.unwrap(), Some("[fd00::2]:443".parse().unwrap()));
+    }
+
+    #[tokio::test]
+    async fn a_literal_ip_as_a_domain_name_is_accepted() {
+        let name = b"10.1.2.3";
+        let mut addr = vec![3, u8::try_from(name.len()).unwrap()];
+        addr.extend(name);
+        let (r, _) = parse(&request(&addr, 80, 1)).await;
+        assert_eq!(r.unwrap(), Some("10.1.2.3:80".parse().unwrap()));
+    }
+
+    #[tokio::test]
+    async fn a_hostname_is_refused_with_atyp_unsupported() {
+        let name = b"echo.default.svc";
+        let mut addr = vec![3, u8::try_from(name.len()).unwrap()];
+        addr.extend(name);
+        let (r, out) = parse(&request(&addr, 80, 1)).await;
+        assert_eq!(r.unwrap(), None);
+        assert_eq!(out[..2], [5, 0]);
+        assert_eq!(out[2..4], [VER, REP_ATYP_UNSUPPORTED]);
+    }
+
+    #[tokio::test]
+    async fn an_unknown_address_type_is_refused() {
+        let (r, out) = parse(&request(&[9, 1, 2, 3, 4], 80, 1)).await;
+        assert_eq!(r.unwrap(), None);
+        assert_eq!(out[2..4], [VER, REP_ATYP_UNSUPPORTED]);
+    }
+
+    #[tokio::test]
+    async fn bind_and_udp_are_refused_with_command_unsupported() {
+        for cmd in [2, 3] {
+            let (r, out) = parse(&request(&[1, 10, 0, 0, 7], 80, cmd)).await;
+            assert_eq!(r.unwrap(), None);
+            assert_eq!(out[2..4], [VER, REP_CMD_UNSUPPORTED], "command {cmd}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_client_without_the_no_auth_method_is_refused() {
+        let (r, out) = parse(&[5, 1, 2]).await;
+        assert_eq!(r.unwrap(), None);
+        assert_eq!(out, [5, 0xff]);
+    }
+
+    #[tokio::test]
+    async fn other_protocol_versions_are_dropped_without_reply() {
+        let (r, out) = parse(&[4, 1, 0, 80, 10, 0, 0, 7, 0]).await;
+        assert_eq!(r.unwrap(), None);
+        assert!(out.is_empty());
+        // SOCKS5 greeting, then a request with another version.
+        let (r, out) = parse(&[5, 1, 0, 4, 1, 0, 1, 10, 0, 0, 7, 0, 80]).await;
+        assert_eq!(r.unwrap(), None);
+        assert_eq!(out, [5, 0]);
+    }
+
+    #[tokio::test]
+    async fn truncated_requests_are_errors() {
+        let full = request(&[1, 10, 0, 0, 7], 8080, 1);
+        for cut in 1..full.len() {
+            let (r, _) = parse(&full[..cut]).await;
+            assert_eq!(
+                r.unwrap_err().kind(),
+                std::io::ErrorKind::UnexpectedEof,
+                "cut at {cut}"
+            );
         }
     }
 }

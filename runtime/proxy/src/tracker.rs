@@ -8,6 +8,28 @@ use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 use weft_hooks::{ConnectionHooks, ConnectionRecord, Verdict};
 
+/// Live connections re-checked per batch (see [`ConnTracker::recheck`]).
+pub const RECHECK_BATCH: usize = 256;
+
+/// Authorize one batch again (on a blocking thread); close the connections now denied.
+fn recheck_batch(
+    hooks: &dyn ConnectionHooks,
+    batch: Vec<(Arc<ConnectionRecord>, Arc<ConnControl>)>,
+) -> usize {
+    let mut closed = 0;
+    for (record, ctl) in batch {
+        if ctl.cancel.is_cancelled() {
+            continue;
+        }
+        if let v @ Verdict::Deny { .. } = hooks.authorize(&record) {
+            tracing::info!(conn = record.id, src = %record.src, dst = %record.dst, verdict = ?v, "policy changed: closing connection now denied");
+            ctl.deny(v);
+            closed += 1;
+        }
+    }
+    closed
+}
+
 /// Control shared between a connection's task and the tracker.
 #[derive(Debug, Default)]
 pub struct ConnControl {
@@ -115,21 +137,32 @@ impl ConnTracker {
     }
 
     /// Ask every live connection's policy again; close those now denied. Returns how many were closed.
-    pub fn recheck(&self, hooks: &dyn ConnectionHooks) -> usize {
+    ///
+    /// Policy calls are synchronous (a plugin runs to completion), so they never run on the calling task: the live
+    /// connections are snapshotted and checked in batches of [`RECHECK_BATCH`], each on a blocking-pool thread,
+    /// one batch at a time. The data-path workers stay free, and a re-check of many connections competes with
+    /// connection tasks for at most one thread. A connection that ended meanwhile is skipped.
+    pub async fn recheck(&self, hooks: Arc<dyn ConnectionHooks>) -> usize {
         let snapshot: Vec<(Arc<ConnectionRecord>, Arc<ConnControl>)> = self
             .lock()
             .values()
             .map(|t| (t.record.clone(), t.ctl.clone()))
             .collect();
         let mut closed = 0;
-        for (record, ctl) in snapshot {
-            if let v @ Verdict::Deny { .. } = hooks.authorize(&record) {
-                tracing::info!(conn = record.id, src = %record.src, dst = %record.dst, verdict = ?v, "policy changed: closing connection now denied");
-                ctl.deny(v);
-                closed += 1;
+        let mut rest = snapshot.into_iter();
+        loop {
+            let batch: Vec<_> = rest.by_ref().take(RECHECK_BATCH).collect();
+            if batch.is_empty() {
+                return closed;
+            }
+            let hooks = hooks.clone();
+            match tokio::task::spawn_blocking(move || recheck_batch(hooks.as_ref(), batch)).await {
+                Ok(n) => closed += n,
+                Err(e) => {
+                    tracing::error!(error = %e, "policy re-check batch failed; its connections keep their verdict");
+                }
             }
         }
-        closed
     }
 
     /// Close every live connection (end of a drain).
@@ -148,5 +181,150 @@ impl ConnTracker {
             }
             notified.await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code: a panic fails the test
+
+    use std::net::SocketAddr;
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
+
+    use weft_hooks::{CloseRecord, Direction};
+
+    use super::*;
+
+    fn record(id: u64) -> Arc<ConnectionRecord> {
+        Arc::new(ConnectionRecord {
+            id,
+            direction: Direction::Inbound,
+            src: SocketAddr::from(([127, 0, 0, 1], 40_000)),
+            dst: SocketAddr::from(([127, 0, 0, 2], 8080)),
+            peer_identity: None,
+            src_workload: None,
+            dst_workload: None,
+            dst_service: None,
+            hbone: true,
+        })
+    }
+
+    /// Denies even connection ids; the first call waits (on its thread) until the test lets it go, so the test
+    /// can tell whether the re-check left the runtime's thread free meanwhile.
+    struct Gate {
+        calls: AtomicUsize,
+        release: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+        waited_in_vain: std::sync::atomic::AtomicBool,
+        on_runtime_thread: std::sync::atomic::AtomicBool,
+        runtime_thread: std::thread::ThreadId,
+    }
+
+    impl ConnectionHooks for Gate {
+        fn authorize(&self, conn: &ConnectionRecord) -> Verdict {
+            if std::thread::current().id() == self.runtime_thread {
+                self.on_runtime_thread.store(true, Ordering::SeqCst);
+            }
+            if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                let rx = self.release.lock().unwrap().take().unwrap();
+                // Only a broken test (the re-check holding the runtime's only thread) waits this long.
+                if rx.recv_timeout(Duration::from_secs(20)).is_err() {
+                    self.waited_in_vain.store(true, Ordering::SeqCst);
+                }
+            }
+            if conn.id.is_multiple_of(2) {
+                Verdict::Deny {
+                    by: "test".into(),
+                    reason: "even".into(),
+                }
+            } else {
+                Verdict::Allow
+            }
+        }
+        fn on_open(&self, _: &ConnectionRecord) {}
+        fn on_close(&self, _: &ConnectionRecord, _: &CloseRecord) {}
+        fn policy_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+            tokio::sync::watch::channel(0).1
+        }
+    }
+
+    /// Many live connections: the re-check closes exactly those now denied, with the verdict, and runs its
+    /// policy calls off the calling runtime's thread (a current-thread runtime here: had the re-check been one
+    /// synchronous loop, the test task could not have released the gate before the whole loop was done).
+    #[tokio::test]
+    async fn recheck_closes_denied_connections_off_the_runtime_thread() {
+        const N: u64 = 10_000;
+        let tracker = Arc::new(ConnTracker::default());
+        let guards: Vec<TrackGuard> = (1..=N)
+            .map(|id| tracker.register(record(id), Arc::new(ConnControl::default())))
+            .collect();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let gate = Arc::new(Gate {
+            calls: AtomicUsize::new(0),
+            release: Mutex::new(Some(rx)),
+            waited_in_vain: false.into(),
+            on_runtime_thread: false.into(),
+            runtime_thread: std::thread::current().id(),
+        });
+        let t = tracker.clone();
+        let hooks: Arc<dyn ConnectionHooks> = gate.clone();
+        let recheck = tokio::spawn(async move { t.recheck(hooks).await });
+        // The re-check has started (its first policy call is waiting) and this task still runs.
+        while gate.calls.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        // (Fails only if the gate gave up waiting: the assertion below says so.)
+        let _ = tx.send(());
+        let closed = recheck.await.unwrap();
+
+        assert!(
+            !gate.waited_in_vain.load(Ordering::SeqCst),
+            "the re-check held the runtime's thread: the test task could not run until it was done"
+        );
+        assert!(
+            !gate.on_runtime_thread.load(Ordering::SeqCst),
+            "a policy call ran on the runtime's thread"
+        );
+        assert_eq!(closed, usize::try_from(N / 2).unwrap());
+        assert_eq!(
+            gate.calls.load(Ordering::SeqCst),
+            usize::try_from(N).unwrap()
+        );
+        for g in &guards {
+            let denied = g.ctl.denied();
+            if g.id.is_multiple_of(2) {
+                assert!(g.ctl.cancel.is_cancelled());
+                assert!(matches!(denied, Some(Verdict::Deny { by, .. }) if by == "test"));
+            } else {
+                assert!(!g.ctl.cancel.is_cancelled());
+                assert_eq!(denied, None);
+            }
+        }
+        // A second pass skips the connections already closed.
+        let before = gate.calls.load(Ordering::SeqCst);
+        let hooks: Arc<dyn ConnectionHooks> = gate.clone();
+        assert_eq!(tracker.recheck(hooks).await, 0);
+        assert_eq!(
+            gate.calls.load(Ordering::SeqCst) - before,
+            usize::try_from(N / 2).unwrap()
+        );
+        drop(guards);
+        assert!(tracker.is_empty());
+    }
+
+    #[tokio::test]
+    async fn wait_empty_returns_when_the_last_connection_ends() {
+        let tracker = Arc::new(ConnTracker::default());
+        let g1 = tracker.register(record(1), Arc::new(ConnControl::default()));
+        let g2 = tracker.register(record(2), Arc::new(ConnControl::default()));
+        let t = tracker.clone();
+        let waiter = tokio::spawn(async move { t.wait_empty().await });
+        drop(g1);
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        tracker.close_all();
+        assert!(g2.ctl.cancel.is_cancelled());
+        drop(g2);
+        waiter.await.unwrap();
     }
 }

@@ -1,0 +1,400 @@
+//! Outbound resolution, policy, pooling and failure classification against real sockets, real TLS and a real
+//! in-process HBONE server (a second data path playing node B).
+#![allow(clippy::unwrap_used)] // test code: a panic fails the test
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use weft_identity::{SecretManager, SpiffeId};
+
+use super::*;
+use crate::testkit::{self, Recorder};
+use crate::{InboundBind, Proxy, ProxyMetrics};
+
+/// Each test owns the subnet 127.77.T.0/24: client .1 on node A, echo (HBONE) .11 and db (TCP) .12 on node B,
+/// service VIP .100 (port 80 → 8080, with an extra SAN).
+#[derive(Clone, Copy)]
+struct Net(u8);
+
+impl Net {
+    fn ip(self, last: u8) -> Ipv4Addr {
+        Ipv4Addr::new(127, 77, self.0, last)
+    }
+    fn client(self) -> SocketAddr {
+        SocketAddr::from((self.ip(1), 40_000))
+    }
+    fn echo(self) -> SocketAddr {
+        SocketAddr::from((self.ip(11), 8080))
+    }
+    fn db(self) -> SocketAddr {
+        SocketAddr::from((self.ip(12), 8080))
+    }
+    fn vip(self) -> SocketAddr {
+        SocketAddr::from((self.ip(100), 80))
+    }
+    fn hbone(self) -> SocketAddr {
+        SocketAddr::from((self.ip(11), HBONE_PORT))
+    }
+}
+
+const HBONE_PORT: u16 = 15008;
+const SVC_SAN: &str = "spiffe://cluster.local/ns/default/sa/echo-svc";
+
+fn yaml(n: Net, echo_sa: &str) -> String {
+    format!(
+        r#"workloads:
+- uid: Kubernetes//Pod/default/client
+  name: client
+  namespace: default
+  serviceAccount: client
+  workloadIps: [{client}]
+  protocol: HBONE
+  node: node-a
+- uid: Kubernetes//Pod/default/echo
+  name: echo
+  namespace: default
+  serviceAccount: {echo_sa}
+  workloadIps: [{echo}]
+  protocol: HBONE
+  node: node-b
+  services:
+    default/echo.default.svc.cluster.local: {{80: 8080}}
+- uid: Kubernetes//Pod/legacy/db
+  name: db
+  namespace: legacy
+  workloadIps: [{db}]
+  protocol: TCP
+  node: node-b
+services:
+- name: echo
+  namespace: default
+  hostname: echo.default.svc.cluster.local
+  vips: ["/{vip}"]
+  ports: {{80: 8080}}
+  subjectAltNames: ["{SVC_SAN}"]
+"#,
+        client = n.client().ip(),
+        echo = n.echo().ip(),
+        db = n.db().ip(),
+        vip = n.vip().ip(),
+    )
+}
+
+/// Node A's data path (no listeners) over the standard mesh.
+fn node_a(n: Net, identity: &Arc<SecretManager>) -> (Arc<Inner>, Arc<Recorder>) {
+    let hooks = Arc::new(Recorder::default());
+    let inner = testkit::inner(
+        testkit::config("node-a", HBONE_PORT),
+        testkit::state(&yaml(n, "echo")),
+        identity.clone(),
+        hooks.clone(),
+    );
+    (inner, hooks)
+}
+
+/// Node B: a real data path serving inbound HBONE on the echo workload's address, with the echo workload itself.
+/// `echo_sa` is the service account node B's mesh file gives the echo workload (the identity it presents).
+async fn node_b(n: Net, identity: &Arc<SecretManager>, echo_sa: &str) -> Arc<Proxy> {
+    testkit::echo(n.echo()).await;
+    let mut cfg = testkit::config("node-b", HBONE_PORT);
+    cfg.inbound = InboundBind::Addr(n.hbone());
+    Proxy::start(
+        cfg,
+        testkit::state(&yaml(n, echo_sa)),
+        identity.clone(),
+        Arc::new(Recorder::default()),
+        Arc::new(ProxyMetrics::default()),
+    )
+    .await
+    .unwrap()
+}
+
+/// Relay an established outbound connection for an in-process client and check an echo round trip.
+async fn round_trip(inner: &Arc<Inner>, est: Established, payload: &[u8]) {
+    let lis = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut app = tokio::net::TcpStream::connect(lis.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (proxy_side, _) = lis.accept().await.unwrap();
+    let me = inner.clone();
+    let relay = tokio::spawn(async move { me.run_outbound(proxy_side, est).await });
+    app.write_all(payload).await.unwrap();
+    app.shutdown().await.unwrap();
+    let mut back = Vec::new();
+    app.read_to_end(&mut back).await.unwrap();
+    assert_eq!(back, payload);
+    relay.await.unwrap();
+}
+
+fn last_close(hooks: &Recorder) -> weft_hooks::CloseRecord {
+    hooks.closes().pop().expect("a close was reported").1
+}
+
+fn failed(inner: &Inner, reason: &'static str) -> u64 {
+    inner
+        .metrics
+        .failed
+        .get_or_create(&crate::metrics::FailLabels {
+            direction: "outbound",
+            reason,
+        })
+        .get()
+}
+
+#[tokio::test]
+async fn service_vip_resolves_to_its_endpoint_over_hbone() {
+    let n = Net(1);
+    let id = testkit::identity();
+    let _b = node_b(n, &id, "echo").await;
+    let (a, _) = node_a(n, &id);
+    let est = a.establish_outbound(n.client(), n.vip()).await.unwrap();
+    assert!(matches!(est.upstream, Upstream::Hbone(_, addr) if addr == n.hbone()));
+    assert_eq!(
+        est.record.dst_service.as_deref(),
+        Some("default/echo.default.svc.cluster.local")
+    );
+    assert_eq!(est.record.dst_workload.as_ref().unwrap().name, "echo");
+    assert_eq!(
+        est.record.peer_identity.as_deref(),
+        Some("spiffe://cluster.local/ns/default/sa/client")
+    );
+    round_trip(&a, est, b"through the VIP").await;
+}
+
+#[tokio::test]
+async fn tcp_workload_is_dialled_directly() {
+    let n = Net(2);
+    let id = testkit::identity();
+    testkit::echo(n.db()).await;
+    let (a, _) = node_a(n, &id);
+    let est = a.establish_outbound(n.client(), n.db()).await.unwrap();
+    assert!(matches!(&est.upstream, Upstream::Tcp(s) if s.peer_addr().unwrap() == n.db()));
+    assert!(!est.record.hbone);
+    round_trip(&a, est, b"plain tcp").await;
+    assert_eq!(a.pool.created_total(), 0);
+}
+
+#[tokio::test]
+async fn unknown_service_port_is_unroutable() {
+    let n = Net(3);
+    let (a, hooks) = node_a(n, &testkit::identity());
+    let e = a
+        .establish_outbound(n.client(), SocketAddr::new(n.vip().ip(), 81))
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&e, OutboundError::Unroutable(m) if m.contains("no port 81")),
+        "{e}"
+    );
+    assert_eq!(failed(&a, "unknown_destination"), 1);
+    assert_eq!(last_close(&hooks).response_flags, "-");
+}
+
+#[tokio::test]
+async fn weft_ports_of_workloads_are_refused() {
+    let n = Net(4);
+    let (a, _) = node_a(n, &testkit::identity());
+    let e = a
+        .establish_outbound(n.client(), n.hbone())
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(e, OutboundError::Unroutable(_)), "{e}");
+    assert_eq!(failed(&a, "self_call"), 1);
+}
+
+#[tokio::test]
+async fn egress_policy_denial_stops_before_any_connection() {
+    let n = Net(5);
+    let (a, hooks) = node_a(n, &testkit::identity());
+    hooks.deny_when(|r| r.dst.port() == 80);
+    let e = a
+        .establish_outbound(n.client(), n.vip())
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&e, OutboundError::Denied { by, .. } if by == "test"),
+        "{e}"
+    );
+    assert_eq!(last_close(&hooks).response_flags, "DENY");
+    assert_eq!(failed(&a, "denied"), 1);
+    assert_eq!(a.pool.created_total(), 0);
+}
+
+#[tokio::test]
+async fn a_source_that_is_no_local_workload_gets_no_identity() {
+    let n = Net(6);
+    let (a, hooks) = node_a(n, &testkit::identity());
+    let stranger = SocketAddr::from((n.ip(99), 40_000));
+    let e = a
+        .establish_outbound(stranger, n.echo())
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(e, OutboundError::Identity(_)), "{e}");
+    assert_eq!(last_close(&hooks).response_flags, "IDENTITY_ERROR");
+}
+
+/// Hole 4: a connection verified against {workload identity, service SAN} (a request to the VIP) must not be
+/// reused for a request to the workload address, which accepts the workload identity only.
+#[tokio::test]
+async fn a_wider_identity_set_is_not_reused_for_a_narrower_one() {
+    let n = Net(7);
+    let id = testkit::identity();
+    let _b = node_b(n, &id, "echo").await;
+    let (a, _) = node_a(n, &id);
+
+    let via_vip = a.establish_outbound(n.client(), n.vip()).await.unwrap();
+    assert_eq!(a.pool.created_total(), 1);
+    let direct = a.establish_outbound(n.client(), n.echo()).await.unwrap();
+    assert_eq!(
+        a.pool.created_total(),
+        2,
+        "the request accepting only the workload identity reused the VIP's connection"
+    );
+    // Same sets still share.
+    let via_vip_again = a.establish_outbound(n.client(), n.vip()).await.unwrap();
+    let direct_again = a.establish_outbound(n.client(), n.echo()).await.unwrap();
+    assert_eq!(a.pool.created_total(), 2);
+    for est in [via_vip, direct, via_vip_again, direct_again] {
+        round_trip(&a, est, b"pooled").await;
+    }
+}
+
+#[test]
+fn pool_keys_hold_the_accepted_identity_set() {
+    let id = |s: &str| s.parse::<SpiffeId>().unwrap();
+    let (wl, svc) = (id("spiffe://cluster.local/ns/default/sa/echo"), id(SVC_SAN));
+    let src = id("spiffe://cluster.local/ns/default/sa/client");
+    let dst: SocketAddr = "127.0.0.1:15008".parse().unwrap();
+    let ip = Some(IpAddr::from([127, 0, 0, 1]));
+    let wide = PoolKey::new(src.clone(), vec![wl.clone(), svc.clone()], ip, dst);
+    let narrow = PoolKey::new(src.clone(), vec![wl.clone()], ip, dst);
+    assert_ne!(wide, narrow);
+    // Order and duplicates do not matter.
+    let same = PoolKey::new(src, vec![svc, wl.clone(), wl], ip, dst);
+    assert_eq!(wide, same);
+    assert_eq!(wide.dst_ids.len(), 2);
+}
+
+#[tokio::test]
+async fn refused_tcp_is_a_tcp_failure() {
+    let n = Net(8);
+    let (a, hooks) = node_a(n, &testkit::identity());
+    // Nothing listens on the echo workload's HBONE port.
+    let e = a
+        .establish_outbound(n.client(), n.echo())
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(
+            e,
+            OutboundError::Connect {
+                kind: ConnectFailure::Tcp,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(last_close(&hooks).response_flags, "CONNECT");
+    assert_eq!(failed(&a, "connect"), 1);
+}
+
+#[tokio::test]
+async fn a_peer_that_is_not_tls_is_a_tls_failure() {
+    let n = Net(9);
+    let (a, hooks) = node_a(n, &testkit::identity());
+    let lis = tokio::net::TcpListener::bind(n.hbone()).await.unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = lis.accept().await {
+            let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").await;
+        }
+    });
+    let e = a
+        .establish_outbound(n.client(), n.echo())
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(
+            e,
+            OutboundError::Connect {
+                kind: ConnectFailure::Tls,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(last_close(&hooks).response_flags, "TLS_FAILURE");
+}
+
+#[tokio::test]
+async fn a_peer_with_another_identity_is_a_tls_failure() {
+    let n = Net(10);
+    let id = testkit::identity();
+    // Node B's mesh file gives the echo workload another service account: it presents that identity.
+    let _b = node_b(n, &id, "impostor").await;
+    let (a, hooks) = node_a(n, &id);
+    let e = a
+        .establish_outbound(n.client(), n.echo())
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(
+            e,
+            OutboundError::Connect {
+                kind: ConnectFailure::Tls,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(last_close(&hooks).response_flags, "TLS_FAILURE");
+    assert_eq!(a.pool.connections(), 0);
+}
+
+#[tokio::test]
+async fn a_silent_peer_times_out() {
+    let n = Net(11);
+    let id = testkit::identity();
+    let (a, hooks) = node_a(n, &id);
+    // The certificate is issued before the clock is paused (signing is real work, not waiting).
+    id.fetch(
+        &"spiffe://cluster.local/ns/default/sa/client"
+            .parse()
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    // Accepts TCP, never answers the TLS handshake.
+    let lis = tokio::net::TcpListener::bind(n.hbone()).await.unwrap();
+    let held = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((s, _)) = lis.accept().await {
+            conns.push(s);
+        }
+    });
+    tokio::time::pause();
+    let e = a
+        .establish_outbound(n.client(), n.echo())
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(
+            e,
+            OutboundError::Connect {
+                kind: ConnectFailure::Timeout,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(last_close(&hooks).response_flags, "CONNECT");
+    held.abort();
+}
