@@ -1,6 +1,12 @@
 //! weft's operator-facing HTTP servers: admin (15000, localhost only: `/config_dump`, `/logging`,
 //! `/quitquitquit`), metrics (15020: `/stats/prometheus`) and readiness (15021: `/healthz/ready`). They run on the
 //! control runtime, never on the data path, and know nothing of the proxy: the binary supplies an [`AdminHandler`].
+//!
+//! Every server bounds what a client can hold ([`Limits`]): a deadline for request headers, a
+//! connection cap, and a maximum connection age. Their counters ([`ServerStats`]) are appended
+//! to the metrics page of the metrics server started with the same handler.
+
+mod limits;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -10,9 +16,12 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
+
+pub use limits::{Limits, ServerStats};
 
 /// What the servers ask the rest of weft.
 pub trait AdminHandler: Send + Sync + 'static {
@@ -60,7 +69,7 @@ pub enum Server {
 }
 
 impl Server {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Server::Admin => "admin",
             Server::Metrics => "metrics",
@@ -69,13 +78,36 @@ impl Server {
     }
 }
 
-/// Bind and serve one of the servers until `stop` is cancelled; returns the bound address.
+/// Bind and serve one of the servers with the default [`Limits`] until `stop` is cancelled;
+/// returns the bound address.
 pub async fn serve(
     which: Server,
     addr: SocketAddr,
     handler: Arc<dyn AdminHandler>,
     stop: CancellationToken,
 ) -> Result<SocketAddr, AdminError> {
+    Ok(serve_with(which, addr, handler, stop, Limits::default())
+        .await?
+        .addr)
+}
+
+/// A running server.
+#[derive(Debug, Clone)]
+pub struct Serving {
+    /// The bound address.
+    pub addr: SocketAddr,
+    /// Its counters.
+    pub stats: Arc<ServerStats>,
+}
+
+/// Like [`serve`], with explicit limits; also returns the server's counters.
+pub async fn serve_with(
+    which: Server,
+    addr: SocketAddr,
+    handler: Arc<dyn AdminHandler>,
+    stop: CancellationToken,
+    limits: Limits,
+) -> Result<Serving, AdminError> {
     if which == Server::Admin && !addr.ip().is_loopback() {
         return Err(AdminError::NotLoopback(addr));
     }
@@ -87,10 +119,17 @@ pub async fn serve(
             source,
         })?;
     let bound = lis.local_addr().unwrap_or(addr);
-    tracing::info!(server = which.name(), addr = %bound, "listening");
+    let stats = Arc::new(ServerStats::default());
+    limits::register(handler_key(&handler), which, &stats);
+    tracing::info!(server = which.name(), addr = %bound, max_connections = limits.max_connections, "listening");
+    let serving = Serving {
+        addr: bound,
+        stats: stats.clone(),
+    };
+    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     tokio::spawn(async move {
         loop {
-            let (stream, _) = tokio::select! {
+            let (stream, peer) = tokio::select! {
                 a = lis.accept() => match a {
                     Ok(a) => a,
                     Err(e) => {
@@ -101,22 +140,70 @@ pub async fn serve(
                 },
                 () = stop.cancelled() => return,
             };
-            let handler = handler.clone();
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req| {
-                    let handler = handler.clone();
-                    async move { Ok::<_, Infallible>(route(which, handler.as_ref(), req).await) }
-                });
-                if let Err(e) = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await
-                {
-                    tracing::debug!(error = %e, "admin connection error");
-                }
-            });
+            let Ok(permit) = permits.clone().try_acquire_owned() else {
+                stats.refused(which, peer, limits.max_connections);
+                drop(stream);
+                continue;
+            };
+            tokio::spawn(serve_conn(
+                which,
+                stream,
+                handler.clone(),
+                limits.clone(),
+                stats.clone(),
+                permit,
+            ));
         }
     });
-    Ok(bound)
+    Ok(serving)
+}
+
+/// Identifies the weft a handler belongs to: servers started with clones of one `Arc` share it.
+fn handler_key(handler: &Arc<dyn AdminHandler>) -> usize {
+    Arc::as_ptr(handler).cast::<()>() as usize
+}
+
+async fn serve_conn(
+    which: Server,
+    stream: TcpStream,
+    handler: Arc<dyn AdminHandler>,
+    limits: Limits,
+    stats: Arc<ServerStats>,
+    _permit: OwnedSemaphorePermit,
+) {
+    let _active = stats.serving();
+    let key = handler_key(&handler);
+    let svc = hyper::service::service_fn(move |req| {
+        let handler = handler.clone();
+        async move { Ok::<_, Infallible>(route(which, handler.as_ref(), key, req).await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .serve_connection(TokioIo::new(stream), svc);
+    tokio::pin!(conn);
+    let res = tokio::select! {
+        res = conn.as_mut() => res,
+        () = tokio::time::sleep(limits.max_connection_age) => {
+            conn.as_mut().graceful_shutdown();
+            match tokio::time::timeout(limits.header_read_timeout, conn.as_mut()).await {
+                Ok(res) => res,
+                Err(_elapsed) => {
+                    stats.timed_out();
+                    tracing::debug!(server = which.name(), "admin connection outlived its maximum age, closed");
+                    return;
+                }
+            }
+        }
+    };
+    match res {
+        Ok(()) => {}
+        Err(e) if e.is_timeout() => {
+            stats.timed_out();
+            tracing::debug!(server = which.name(), error = %e, "admin connection closed: request headers not received in time");
+        }
+        Err(e) => tracing::debug!(server = which.name(), error = %e, "admin connection error"),
+    }
 }
 
 fn text(status: StatusCode, body: impl Into<Bytes>, ctype: &'static str) -> Response<Full<Bytes>> {
@@ -138,6 +225,7 @@ fn query_param<'a>(req: &'a Request<Incoming>, key: &str) -> Option<&'a str> {
 async fn route(
     which: Server,
     h: &dyn AdminHandler,
+    key: usize,
     req: Request<Incoming>,
 ) -> Response<Full<Bytes>> {
     const PLAIN: &str = "text/plain; charset=utf-8";
@@ -152,11 +240,15 @@ async fn route(
                 PLAIN,
             ),
         },
-        (Server::Metrics, &Method::GET, "/stats/prometheus" | "/metrics") => text(
-            StatusCode::OK,
-            h.metrics(),
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        ),
+        (Server::Metrics, &Method::GET, "/stats/prometheus" | "/metrics") => {
+            let mut page = h.metrics();
+            limits::append_metrics(key, &mut page);
+            text(
+                StatusCode::OK,
+                page,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )
+        }
         (Server::Admin, &Method::GET, "/config_dump") => {
             let body = serde_json::to_vec_pretty(&h.config_dump()).unwrap_or_default();
             text(StatusCode::OK, body, JSON)

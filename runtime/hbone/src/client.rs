@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use bytes::Bytes;
 use h2::client::{Connection, SendRequest};
@@ -81,6 +82,7 @@ struct Inner {
     counter: Arc<StreamCounter>,
     closed: CancellationToken,
     chunk: usize,
+    response_timeout: Duration,
 }
 
 impl std::fmt::Debug for H2Client {
@@ -114,6 +116,7 @@ where
             counter: Arc::new(StreamCounter::new()),
             closed,
             chunk: cfg.write_chunk(),
+            response_timeout: cfg.connect_response_timeout,
         }),
     })
 }
@@ -140,7 +143,9 @@ impl H2Client {
     /// the response headers; any other status is [`Error::Status`].
     ///
     /// If the peer's concurrent-stream limit is reached, h2 queues the request until a stream
-    /// slot frees up.
+    /// slot frees up. Waiting for the slot and the response together is bounded by
+    /// [`H2Config::connect_response_timeout`]: then the stream is cancelled and this fails with
+    /// [`Error::ResponseTimeout`], leaving the connection to its other streams.
     pub async fn connect(&self, req: ConnectRequest) -> Result<(H2Stream, HeaderMap), Error> {
         let guard = self.inner.counter.guard();
         self.connect_with_guard(req, guard).await
@@ -156,9 +161,21 @@ impl H2Client {
         if self.is_closed() {
             return Err(Error::ConnectionClosed);
         }
-        let mut sender = self.inner.sender.clone().ready().await?;
-        let (response, send) = sender.send_request(request, false)?;
-        let response = response.await?;
+        let exchange = async {
+            let mut sender = self.inner.sender.clone().ready().await?;
+            let (response, send) = sender.send_request(request, false)?;
+            Ok::<_, Error>((response.await?, send))
+        };
+        // On timeout the exchange is dropped with its `SendStream` and `ResponseFuture`, which
+        // makes h2 reset the stream (CANCEL).
+        let timeout = self.inner.response_timeout;
+        let (response, send) = match tokio::time::timeout(timeout, exchange).await {
+            Ok(res) => res?,
+            Err(_elapsed) => {
+                tracing::debug!(conn = self.inner.id, %authority, ?timeout, "hbone CONNECT unanswered, cancelled");
+                return Err(Error::ResponseTimeout(timeout));
+            }
+        };
         let (parts, recv) = response.into_parts();
         if parts.status != StatusCode::OK {
             tracing::debug!(conn = self.inner.id, %authority, status = %parts.status, "hbone CONNECT rejected");

@@ -1,16 +1,14 @@
 //! Per-connection stream accounting: `StreamCounter` and the `StreamDropGuard` each stream holds.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-fn now_ms() -> u64 {
-    static BASE: OnceLock<Instant> = OnceLock::new();
-    let base = *BASE.get_or_init(Instant::now);
-    u64::try_from(base.elapsed().as_millis()).unwrap_or(u64::MAX)
-}
+use tokio::time::Instant;
 
 /// Counts the open streams of one connection and remembers when that number last changed.
+///
+/// Time is tokio's ([`tokio::time::Instant`]), so a paused test clock drives idleness.
 ///
 /// Every stream a [`crate::H2Client`] opens holds a [`StreamDropGuard`] from this counter until
 /// both halves of its [`H2Stream`](crate::H2Stream) are dropped; the pool uses it to enforce its per-connection
@@ -18,6 +16,8 @@ fn now_ms() -> u64 {
 #[derive(Debug)]
 pub struct StreamCounter {
     active: AtomicUsize,
+    /// When the counter was made; `last_change_ms` counts from here.
+    base: Instant,
     last_change_ms: AtomicU64,
 }
 
@@ -32,8 +32,13 @@ impl StreamCounter {
     pub fn new() -> Self {
         Self {
             active: AtomicUsize::new(0),
-            last_change_ms: AtomicU64::new(now_ms()),
+            base: Instant::now(),
+            last_change_ms: AtomicU64::new(0),
         }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
     /// Streams currently counted as open.
@@ -47,7 +52,7 @@ impl StreamCounter {
             return None;
         }
         let since = self.last_change_ms.load(Ordering::Acquire);
-        Some(Duration::from_millis(now_ms().saturating_sub(since)))
+        Some(Duration::from_millis(self.now_ms().saturating_sub(since)))
     }
 
     /// Counts one more stream until the returned guard is dropped.
@@ -73,7 +78,7 @@ impl StreamCounter {
     }
 
     fn touch(&self) {
-        self.last_change_ms.store(now_ms(), Ordering::Release);
+        self.last_change_ms.store(self.now_ms(), Ordering::Release);
     }
 }
 

@@ -37,6 +37,16 @@ pub enum Error {
     /// The connection is closed (or going away) and cannot open new streams.
     #[error("connection closed")]
     ConnectionClosed,
+    /// Server side: the peer did not send the HTTP/2 client preface and its first SETTINGS frame
+    /// within [`H2Config::handshake_timeout`](crate::H2Config::handshake_timeout); the
+    /// connection was closed.
+    #[error("no HTTP/2 preface and SETTINGS from the peer within {0:?}")]
+    HandshakeTimeout(std::time::Duration),
+    /// Client side: the server did not answer the CONNECT within
+    /// [`H2Config::connect_response_timeout`](crate::H2Config::connect_response_timeout); the
+    /// stream was cancelled, the connection is left as it was.
+    #[error("no response to CONNECT within {0:?}")]
+    ResponseTimeout(std::time::Duration),
 }
 
 impl Error {

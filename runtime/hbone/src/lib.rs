@@ -20,6 +20,7 @@ pub mod counter;
 pub mod error;
 mod keepalive;
 pub mod pool;
+mod preface;
 pub mod server;
 pub mod stream;
 

@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use h2::RecvStream;
@@ -13,6 +14,7 @@ use tracing::Instrument;
 
 use crate::config::H2Config;
 use crate::counter::{StreamCounter, StreamDropGuard};
+use crate::preface::PrefaceWatch;
 use crate::stream::H2Stream;
 use crate::{Error, keepalive};
 
@@ -121,6 +123,10 @@ impl InboundRequest {
 /// drain, drop this future (for example with `tokio::time::timeout`): that aborts the remaining
 /// streams.
 ///
+/// The peer must send the HTTP/2 client preface and, as its first frame, SETTINGS within
+/// [`H2Config::handshake_timeout`]; otherwise the connection is dropped (closed) and this
+/// returns [`Error::HandshakeTimeout`]. A first frame other than SETTINGS fails the connection.
+///
 /// Returns `Ok(())` when the connection closes cleanly and an error for a failed handshake, a
 /// connection error (including the peer closing TCP abruptly) or a keepalive timeout.
 pub async fn serve_connection<IO, H, Fut>(
@@ -134,10 +140,23 @@ where
     H: Fn(InboundRequest) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    let (io, settings_seen) = PrefaceWatch::new(io);
+    let handshake_deadline = tokio::time::Instant::now() + cfg.handshake_timeout;
+    let handshake_expired = || {
+        tracing::debug!(timeout = ?cfg.handshake_timeout, "hbone peer sent no preface and SETTINGS in time, closing");
+        Err(Error::HandshakeTimeout(cfg.handshake_timeout))
+    };
     let mut conn = tokio::select! {
-        res = cfg.server_builder().handshake::<_, Bytes>(io) => res?,
+        res = tokio::time::timeout_at(handshake_deadline, cfg.server_builder().handshake::<_, Bytes>(io)) => match res {
+            Ok(res) => res?,
+            Err(_elapsed) => return handshake_expired(),
+        },
         _ = shutdown.cancelled() => return Ok(()),
     };
+    // The preface is in; its SETTINGS frame is read while the connection is driven below.
+    let settings_deadline = tokio::time::sleep_until(handshake_deadline);
+    tokio::pin!(settings_deadline);
+    let mut awaiting_settings = !settings_seen.load(Ordering::Acquire);
     let keepalive = keepalive::run(
         conn.ping_pong(),
         cfg.keepalive_interval,
@@ -149,6 +168,12 @@ where
     let mut draining = false;
     loop {
         tokio::select! {
+            () = &mut settings_deadline, if awaiting_settings => {
+                if !settings_seen.load(Ordering::Acquire) {
+                    return handshake_expired();
+                }
+                awaiting_settings = false;
+            }
             _ = shutdown.cancelled(), if !draining => {
                 tracing::debug!(open_streams = counter.active(), "hbone server draining connection");
                 conn.graceful_shutdown();

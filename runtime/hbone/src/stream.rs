@@ -70,7 +70,8 @@ pub struct H2SendHalf {
 ///   reader back-pressures the peer. A RST_STREAM or a dead connection is an `io::Error`
 ///   (`ConnectionReset` for resets, with the `h2::Error` as its inner error).
 /// - Writing reserves HTTP/2 send capacity and waits for it (`poll_capacity`), so at most
-///   `H2Config::max_send_buffer_size` bytes queue per stream; each write sends at most one
+///   `H2Config::max_send_buffer_size` (server) or `client_max_send_buffer_size` (client) bytes
+///   queue per stream; each write sends at most one
 ///   chunk of `min(len, capacity, max_frame_size)` bytes.
 /// - `poll_shutdown` sends END_STREAM: a half-close; reading keeps working until the peer closes
 ///   its side too. `poll_flush` is a no-op: the connection task writes queued frames.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{TestServer, WAIT, dial, eventually};
+use common::{TestServer, WAIT, dial, eventually, no_keepalive};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::timeout;
 use weft_hbone::{ConnectRequest, Error, H2Client, H2Config, H2Stream, Pool, PoolConfig};
@@ -25,7 +25,7 @@ fn dialer(
         Box::pin(async move {
             calls.fetch_add(1, Ordering::SeqCst);
             tokio::time::sleep(delay).await;
-            dial(addr, &H2Config::default()).await
+            dial(addr, &no_keepalive()).await
         })
     }
 }
@@ -102,9 +102,11 @@ async fn opens_second_connection_when_max_streams_reached() {
     assert_eq!(server.accepted(), 3);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// On the paused clock the connect function's delay ends only once every other task waits, so
+// all 50 requests are queued behind the one attempt, whatever the machine's load.
+#[tokio::test(start_paused = true)]
 async fn fifty_concurrent_first_requests_create_one_connection() {
-    let server = TestServer::echo(H2Config::default()).await;
+    let server = TestServer::echo(no_keepalive()).await;
     let pool = Pool::new(PoolConfig::default());
     let calls = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
@@ -131,7 +133,8 @@ async fn fifty_concurrent_first_requests_create_one_connection() {
     assert_eq!(pool.active_streams(), 50);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// Paused clock: the failing attempt ends only once the other nine callers wait for it.
+#[tokio::test(start_paused = true)]
 async fn failed_connect_is_shared_with_waiters_then_retried() {
     let pool: Pool<&str> = Pool::new(PoolConfig::default());
     let calls = Arc::new(AtomicUsize::new(0));
@@ -159,7 +162,7 @@ async fn failed_connect_is_shared_with_waiters_then_retried() {
         "waiters must share the failed attempt"
     );
     // A later request tries again.
-    let server = TestServer::echo(H2Config::default()).await;
+    let server = TestServer::echo(no_keepalive()).await;
     let (mut s, _) = pool
         .connect("down", req(), dialer(server.addr, &calls, Duration::ZERO))
         .await
@@ -208,11 +211,12 @@ async fn dead_connection_is_dropped_and_replaced() {
     assert_eq!(server.conn_result(1).await, Ok(()));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn idle_connections_are_released() {
-    let server = TestServer::echo(H2Config::default()).await;
+    const IDLE: Duration = Duration::from_secs(60);
+    let server = TestServer::echo(no_keepalive()).await;
     let pool = Pool::new(PoolConfig {
-        idle_timeout: Duration::from_millis(300),
+        idle_timeout: IDLE,
         ..Default::default()
     });
     let calls = Arc::new(AtomicUsize::new(0));
@@ -226,8 +230,16 @@ async fn idle_connections_are_released() {
         .expect("connect");
     ping(&mut idle).await;
     drop(idle);
-    tokio::time::sleep(Duration::from_millis(900)).await;
-    assert_eq!(pool.connections_for(&"idle"), 0, "idle connection kept");
+    // Idle from now. Just short of the timeout (plus the reaper's period, a quarter of it),
+    // it is kept; the reaper runs on tokio's clock, so advancing it runs the reaper.
+    tokio::time::advance(IDLE - Duration::from_secs(1)).await;
+    pool.reap();
+    assert_eq!(pool.connections_for(&"idle"), 1, "released early");
+    tokio::time::advance(IDLE / 4 + Duration::from_secs(2)).await;
+    eventually("idle connection released", || {
+        pool.connections_for(&"idle") == 0
+    })
+    .await;
     assert_eq!(pool.connections_for(&"busy"), 1, "busy connection released");
     ping(&mut busy).await;
     // Released connection closes (server side sees it end).

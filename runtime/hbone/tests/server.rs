@@ -5,17 +5,19 @@ mod common;
 
 use std::time::Duration;
 
-use common::{TestServer, WAIT, dial, eventually};
+use common::{TestServer, WAIT, dial, eventually, no_keepalive};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
 use weft_hbone::{ConnectRequest, H2Config, serve_connection};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// Paused clock: the sleep below ends only once every task waits, so "the server has not
+// returned" is checked after everything that could happen has.
+#[tokio::test(start_paused = true)]
 async fn graceful_shutdown_drains_open_stream_and_refuses_new_ones() {
-    let server = TestServer::echo(H2Config::default()).await;
-    let client = dial(server.addr, &H2Config::default()).await.expect("dial");
+    let server = TestServer::echo(no_keepalive()).await;
+    let client = dial(server.addr, &no_keepalive()).await.expect("dial");
     let (mut open, _) = client
         .connect(ConnectRequest::new("127.0.0.1:1"))
         .await
@@ -76,7 +78,7 @@ async fn shutdown_of_idle_connection_returns_promptly() {
     assert_eq!(server.conn_result(0).await, Ok(()));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn client_keepalive_detects_unresponsive_server() {
     // A peer that completes the HTTP/2 handshake and then never reads again: PINGs go unanswered.
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -101,17 +103,21 @@ async fn client_keepalive_detects_unresponsive_server() {
     let _ = hold_tx.send(());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// Paused clock: PINGs and their ACKs travel while virtual time stands still, so the ACK
+// deadline tests the protocol, not the machine's load.
+#[tokio::test(start_paused = true)]
 async fn keepalive_keeps_healthy_connection_open() {
     let cfg = H2Config {
-        keepalive_interval: Some(Duration::from_millis(50)),
-        keepalive_timeout: Duration::from_millis(500),
+        keepalive_interval: Some(Duration::from_secs(10)),
+        keepalive_timeout: Duration::from_secs(20),
         ..Default::default()
     };
     let server = TestServer::echo(cfg.clone()).await;
     let client = dial(server.addr, &cfg).await.expect("dial");
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Thirty keepalive rounds.
+    tokio::time::sleep(Duration::from_secs(300)).await;
     assert!(client.is_ready());
+    assert_eq!(server.closed(), 0);
     let (mut s, _) = client
         .connect(ConnectRequest::new("127.0.0.1:1"))
         .await

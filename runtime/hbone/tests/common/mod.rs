@@ -17,6 +17,20 @@ use weft_hbone::{Error, H2Client, H2Config, InboundRequest, serve_connection};
 /// Upper bound for anything a test waits on.
 pub const WAIT: Duration = Duration::from_secs(20);
 
+/// Default settings without keepalive PINGs, for tests on tokio's paused clock: there the only
+/// timers should be the ones under test.
+///
+/// Paused-clock tests run on a current-thread runtime, so the test and every peer share one
+/// thread, and loopback TCP has put a write into the peer's receive queue by the time the write
+/// returns; the runtime therefore never parks with bytes in flight, and the clock only jumps
+/// ahead (auto-advance) once every task waits for a timer.
+pub fn no_keepalive() -> H2Config {
+    H2Config {
+        keepalive_interval: None,
+        ..Default::default()
+    }
+}
+
 /// One accepted server connection: its own shutdown token and the abort handle of its task.
 pub struct ServerConn {
     pub shutdown: CancellationToken,
