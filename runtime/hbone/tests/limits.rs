@@ -524,3 +524,69 @@ async fn client_settings_on_the_wire_are_ztunnels_and_follow_the_config() {
     );
     assert_eq!(window, (5 << 20) - 65_535);
 }
+
+// --- the client's send buffer ---------------------------------------------------------
+
+/// A raw HTTP/2 server that grants huge windows, answers the first CONNECT with 200 and then
+/// never reads again; its socket's receive buffer is tiny, so a client writing to it is held
+/// back by its own send buffer, not by flow control or the kernel.
+async fn stalled_peer() -> (std::net::SocketAddr, tokio::task::JoinHandle<TcpStream>) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(1).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let (mut tcp, _) = listener.accept().await.unwrap();
+        // SETTINGS: INITIAL_WINDOW_SIZE 2^31-1; then the connection window to 2^31-1.
+        let mut out = vec![0, 0, 6, 0x4, 0, 0, 0, 0, 0];
+        out.extend(SETTINGS_INITIAL_WINDOW_SIZE.to_be_bytes());
+        out.extend(0x7fff_ffffu32.to_be_bytes());
+        out.extend([0, 0, 4, 0x8, 0, 0, 0, 0, 0]);
+        out.extend((0x7fff_ffffu32 - 65_535).to_be_bytes());
+        tcp.write_all(&out).await.unwrap();
+        let mut preface = [0u8; 24];
+        tcp.read_exact(&mut preface).await.unwrap();
+        loop {
+            let f = read_frame(&mut tcp).await;
+            if f.kind == 0x1 {
+                break;
+            }
+        }
+        // HEADERS on stream 1, END_HEADERS, ":status: 200" (HPACK static index 8).
+        tcp.write_all(&[0, 0, 1, 0x1, 0x4, 0, 0, 0, 1, 0x88])
+            .await
+            .unwrap();
+        tcp
+    });
+    (addr, task)
+}
+
+// Paused clock: a write still pending when virtual time moves on is blocked for good.
+#[tokio::test(start_paused = true)]
+async fn client_buffers_up_to_ztunnels_4mib_per_stream_when_the_peer_stalls() {
+    let cfg = no_keepalive();
+    let (addr, peer) = stalled_peer().await;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_send_buffer_size(4096).unwrap();
+    let tcp = socket.connect(addr).await.unwrap();
+    let client = weft_hbone::handshake(tcp, &cfg).await.unwrap();
+    let (mut s, _) = client
+        .connect(ConnectRequest::new("127.0.0.1:1"))
+        .await
+        .unwrap();
+    let _peer = peer.await.unwrap();
+    let chunk = vec![7u8; 64 * 1024];
+    let mut written = 0usize;
+    while let Ok(r) = timeout(Duration::from_secs(1), s.write(&chunk)).await {
+        written += r.unwrap();
+        assert!(written <= 64 << 20, "writer never blocked");
+    }
+    // ztunnel's client send buffer (the stream window); what the kernel holds on both sides is
+    // small next to it (16 KiB here).
+    let buf = 4 << 20;
+    assert!(
+        (buf..buf + (1 << 20)).contains(&written),
+        "blocked after {written} bytes, send buffer {buf}"
+    );
+}
