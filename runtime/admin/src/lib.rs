@@ -55,6 +55,14 @@ pub enum AdminError {
     /// The admin server must stay on loopback.
     #[error("the admin server must listen on a loopback address, not {0}")]
     NotLoopback(SocketAddr),
+    /// A [`Limits`] value that would refuse or cut off every connection.
+    #[error("invalid limits for the {what} server: {reason}")]
+    InvalidLimits {
+        /// Which server.
+        what: &'static str,
+        /// What is wrong.
+        reason: &'static str,
+    },
 }
 
 /// Which server a listener is.
@@ -111,6 +119,10 @@ pub async fn serve_with(
     if which == Server::Admin && !addr.ip().is_loopback() {
         return Err(AdminError::NotLoopback(addr));
     }
+    limits.check().map_err(|reason| AdminError::InvalidLimits {
+        what: which.name(),
+        reason,
+    })?;
     let lis = TcpListener::bind(addr)
         .await
         .map_err(|source| AdminError::Bind {

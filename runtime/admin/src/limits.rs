@@ -34,6 +34,25 @@ pub struct Limits {
     pub max_connection_age: Duration,
 }
 
+impl Limits {
+    /// Why these limits would refuse or cut off every connection, if they would.
+    pub(crate) fn check(&self) -> Result<(), &'static str> {
+        if self.max_connections == 0 {
+            return Err("max_connections must be at least 1");
+        }
+        if self.max_connections > tokio::sync::Semaphore::MAX_PERMITS {
+            return Err("max_connections is too large");
+        }
+        if self.header_read_timeout.is_zero() {
+            return Err("header_read_timeout must not be zero");
+        }
+        if self.max_connection_age.is_zero() {
+            return Err("max_connection_age must not be zero");
+        }
+        Ok(())
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Self {

@@ -9,7 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
-use weft_admin::{AdminHandler, Limits, Server, Serving, serve_with};
+use weft_admin::{AdminError, AdminHandler, Limits, Server, Serving, serve_with};
 
 /// Upper bound for anything a paused-clock test waits on (virtual time: it must exceed the
 /// deadlines under test).
@@ -260,4 +260,52 @@ async fn the_connection_cap_holds_and_frees_up() {
         "{page}"
     );
     assert!(page.ends_with("# EOF\n"), "{page}");
+}
+
+#[tokio::test]
+async fn limits_that_would_refuse_every_connection_are_an_error() {
+    let h = handler(0);
+    for (bad, why) in [
+        (
+            Limits {
+                max_connections: 0,
+                ..Limits::default()
+            },
+            "max_connections",
+        ),
+        (
+            Limits {
+                header_read_timeout: Duration::ZERO,
+                ..Limits::default()
+            },
+            "header_read_timeout",
+        ),
+        (
+            Limits {
+                max_connection_age: Duration::ZERO,
+                ..Limits::default()
+            },
+            "max_connection_age",
+        ),
+    ] {
+        let err = serve_with(
+            Server::Metrics,
+            "127.0.0.1:0".parse().unwrap(),
+            h.clone(),
+            CancellationToken::new(),
+            bad,
+        )
+        .await
+        .expect_err(why);
+        assert!(
+            matches!(
+                &err,
+                AdminError::InvalidLimits {
+                    what: "metrics",
+                    ..
+                }
+            ) && err.to_string().contains(why),
+            "{err}"
+        );
+    }
 }
