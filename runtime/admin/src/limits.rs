@@ -208,3 +208,69 @@ pub(crate) fn append_metrics(handler: usize, page: &mut String) {
         _ => page.push_str(&out),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Collects formatted log lines.
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Lines {
+        fn warnings(&self) -> Vec<String> {
+            String::from_utf8(self.0.lock().unwrap().clone())
+                .unwrap()
+                .lines()
+                .filter(|l| l.contains("WARN"))
+                .map(str::to_owned)
+                .collect()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refusals_are_counted_every_time_and_logged_at_most_every_10s() {
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let stats = ServerStats::default();
+        let peer = "10.0.0.9:4000".parse().unwrap();
+        for _ in 0..5 {
+            stats.refused(Server::Readiness, peer, 64);
+        }
+        assert_eq!(stats.refused_total(), 5);
+        let warned = lines.warnings();
+        assert_eq!(warned.len(), 1, "{warned:?}");
+        assert!(
+            warned[0].contains("connection cap reached") && warned[0].contains("refused_total=1"),
+            "{warned:?}"
+        );
+        tokio::time::advance(REFUSAL_LOG_INTERVAL - Duration::from_millis(1)).await;
+        stats.refused(Server::Readiness, peer, 64);
+        assert_eq!(lines.warnings().len(), 1);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        stats.refused(Server::Readiness, peer, 64);
+        let warned = lines.warnings();
+        assert_eq!(warned.len(), 2, "{warned:?}");
+        assert!(
+            warned[1].contains("refused_since_last_log=6") && warned[1].contains("refused_total=7"),
+            "{warned:?}"
+        );
+        assert_eq!(stats.refused_total(), 7);
+    }
+}
