@@ -87,6 +87,25 @@ impl WorkloadCert {
         roots: Arc<rustls::RootCertStore>,
         root_pems: Vec<String>,
     ) -> Result<Self, Error> {
+        Self::new_at(
+            identity,
+            key,
+            chain_pem,
+            roots,
+            root_pems,
+            SystemTime::now(),
+        )
+    }
+
+    /// [`WorkloadCert::new`], with the chain verified at the wall time `now` (the secret manager's clock).
+    pub fn new_at(
+        identity: SpiffeId,
+        key: PrivatePkcs8KeyDer<'static>,
+        chain_pem: &[String],
+        roots: Arc<rustls::RootCertStore>,
+        root_pems: Vec<String>,
+        now: SystemTime,
+    ) -> Result<Self, Error> {
         let mut chain = Vec::new();
         for pem in chain_pem {
             for der in CertificateDer::pem_slice_iter(pem.as_bytes()) {
@@ -110,7 +129,14 @@ impl WorkloadCert {
         if presented.len() > 1 && is_self_signed(presented.last().unwrap_or(leaf)) {
             presented.pop();
         }
-        tls::verify_chain(&presented, &roots, rustls::pki_types::UnixTime::now())?;
+        let since_epoch = now
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_err(|e| Error::BadCertificate(format!("clock before 1970: {e}")))?;
+        tls::verify_chain(
+            &presented,
+            &roots,
+            rustls::pki_types::UnixTime::since_unix_epoch(since_epoch),
+        )?;
         let summaries = chain
             .iter()
             .map(|c| {

@@ -6,6 +6,7 @@
 pub mod ca;
 pub mod cert;
 pub mod chain;
+pub mod clock;
 pub mod istio;
 pub mod k8s_csr;
 pub mod kube;

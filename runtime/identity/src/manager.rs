@@ -7,7 +7,9 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
 
 use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, Shared};
@@ -19,6 +21,7 @@ use tokio::sync::Notify;
 use crate::Error;
 use crate::ca::{CaClient, CertRequest};
 use crate::cert::{CertSummary, WorkloadCert, new_csr, rfc3339};
+use crate::clock::{SystemClock, WallClock};
 use crate::sched::{Priority, PriorityCell, Scheduler};
 use crate::spiffe::SpiffeId;
 
@@ -80,6 +83,9 @@ pub struct ManagerConfig {
     pub max_in_flight: usize,
     /// Deadline of one CA call (so a dead CA never holds a slot or a waiting connection forever).
     pub ca_timeout: Duration,
+    /// Wall time, against which certificate validity is judged. Renewal and retry timers use tokio's clock, so a
+    /// test that pauses tokio's clock and gives a [`crate::clock::TokioWallClock`] here controls all of time.
+    pub clock: Arc<dyn WallClock>,
 }
 
 impl Default for ManagerConfig {
@@ -92,6 +98,7 @@ impl Default for ManagerConfig {
             backoff_max: Duration::from_secs(150),
             max_in_flight: 8,
             ca_timeout: Duration::from_secs(10),
+            clock: Arc::new(SystemClock),
         }
     }
 }
@@ -196,7 +203,7 @@ impl SecretManager {
         let pending = {
             let mut entries = self.lock();
             let e = entries.entry(id.clone()).or_default();
-            if let Some(c) = e.valid_cert(SystemTime::now()) {
+            if let Some(c) = e.valid_cert(self.cfg.clock.now()) {
                 return Ok(c.clone());
             }
             if let Some(p) = &e.pending {
@@ -262,7 +269,7 @@ impl SecretManager {
             return result;
         };
         e.pending = None;
-        let now = SystemTime::now();
+        let now = self.cfg.clock.now();
         match &result {
             Ok(cert) => {
                 let renewal = e.valid_cert(now).is_some();
@@ -318,19 +325,20 @@ impl SecretManager {
             root_pems = self.ca.trust_roots();
         }
         let roots = Arc::new(root_store(&root_pems)?);
-        Ok(Arc::new(WorkloadCert::new(
+        Ok(Arc::new(WorkloadCert::new_at(
             id.clone(),
             csr.key,
             &issued.chain_pem,
             roots,
             root_pems,
+            self.cfg.clock.now(),
         )?))
     }
 
     /// Renewal time: `refresh_fraction` (+ jitter) of the lifetime left when the certificate arrived. Measured from
     /// arrival rather than not-before, since CAs back-date not-before for clock skew.
     fn refresh_deadline(&self, cert: &WorkloadCert) -> Instant {
-        let now = SystemTime::now();
+        let now = self.cfg.clock.now();
         let start = cert.not_before().max(now);
         let life = cert.not_after().duration_since(start).unwrap_or_default();
         let jitter = self.cfg.refresh_jitter * rand::random::<f64>();
@@ -342,7 +350,7 @@ impl SecretManager {
     pub fn prefetch(self: &Arc<Self>, id: &SpiffeId) {
         let mut entries = self.lock();
         let e = entries.entry(id.clone()).or_default();
-        if e.pending.is_none() && e.valid_cert(SystemTime::now()).is_none() {
+        if e.pending.is_none() && e.valid_cert(self.cfg.clock.now()).is_none() {
             drop(self.start(id, e, Priority::Warmup));
         }
     }
@@ -377,7 +385,7 @@ impl SecretManager {
     /// meanwhile. Returns when the next one is due.
     pub fn refresh_due(self: &Arc<Self>) -> Option<Instant> {
         let now = Instant::now();
-        let wall = SystemTime::now();
+        let wall = self.cfg.clock.now();
         let mut next: Option<Instant> = None;
         let mut entries = self.lock();
         let ids: Vec<SpiffeId> = entries.keys().cloned().collect();
@@ -414,7 +422,7 @@ impl SecretManager {
                     .unwrap_or_else(|| Instant::now() + tick)
                     .min(Instant::now() + tick);
                 tokio::select! {
-                    () = tokio::time::sleep_until(until.into()) => {}
+                    () = tokio::time::sleep_until(until) => {}
                     () = me.wake.notified() => {}
                 }
             }
@@ -424,7 +432,7 @@ impl SecretManager {
     /// State of every identity, for `/config_dump`.
     pub fn dump(&self) -> Vec<CertificateDump> {
         let entries = self.lock();
-        let now = SystemTime::now();
+        let now = self.cfg.clock.now();
         let inow = Instant::now();
         let mut out: Vec<CertificateDump> = entries
             .iter()
@@ -460,7 +468,7 @@ impl SecretManager {
 
     /// Time until the soonest valid certificate expires (None with no valid certificate).
     pub fn soonest_expiry(&self) -> Option<Duration> {
-        let now = SystemTime::now();
+        let now = self.cfg.clock.now();
         self.lock()
             .values()
             .filter_map(|e| e.valid_cert(now).map(|c| c.remaining(now)))

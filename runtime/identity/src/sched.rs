@@ -192,7 +192,7 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn bounded_and_ordered_by_priority() {
         let s = Scheduler::new(1);
         let first = s.acquire(PriorityCell::new(Priority::Background)).await;
@@ -225,7 +225,7 @@ mod tests {
         assert_eq!(s.stats(), (0, 0));
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_waiter_that_gives_up_frees_its_slot() {
         let s = Scheduler::new(1);
         let first = s.acquire(PriorityCell::new(Priority::RealTime)).await;

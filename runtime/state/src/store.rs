@@ -22,6 +22,8 @@ pub struct StateStore {
     last_error: Mutex<Option<String>>,
     accepted: AtomicU64,
     refused: AtomicU64,
+    /// Times a source looked at its input (the file watcher's polls), changed or not.
+    checks: AtomicU64,
     changes: watch::Sender<u64>,
 }
 
@@ -46,6 +48,7 @@ impl StateStore {
             last_error: Mutex::new(None),
             accepted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            checks: AtomicU64::new(0),
             changes: watch::channel(0).0,
         }
     }
@@ -122,5 +125,16 @@ impl StateStore {
     /// How many updates were refused.
     pub fn refused_reloads(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
+    }
+
+    /// How many times a source has finished looking at its input (each poll of the config file, whatever it
+    /// found): lets a test or an operator see that the watcher is alive and has seen the file as it is now.
+    pub fn source_checks(&self) -> u64 {
+        self.checks.load(Ordering::Relaxed)
+    }
+
+    /// Count one look at a source's input (called after the input was read and handled).
+    pub fn count_source_check(&self) {
+        self.checks.fetch_add(1, Ordering::Relaxed);
     }
 }

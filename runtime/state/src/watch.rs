@@ -100,57 +100,69 @@ async fn run(
             debug!(path = %path.display(), "state store dropped; config watcher stops");
             return;
         }
-        let observation = observe(&path).await;
-        let seen = observation.seen();
-        if handled.as_ref() == Some(&seen) {
-            pending = None;
-            continue;
-        }
-        // Act only once the same thing was seen twice in a row (the file may be mid-write).
-        if pending.as_ref() != Some(&seen) {
-            pending = Some(seen);
-            continue;
-        }
-        pending = None;
-        handled = Some(seen);
-        match observation {
-            Observation::Content { digest, bytes } => {
-                if applied == Some(digest) {
-                    info!(path = %path.display(), version = store.version(), "config file is back to the applied content");
-                    store.clear_error();
-                    continue;
-                }
-                if bytes.is_empty() {
-                    // Most likely an editor truncated the file to rewrite it in place and is slow about it.
-                    refuse(
-                        &store,
-                        &ConfigError::Invalid {
-                            file: path.clone(),
-                            line: None,
-                            column: None,
-                            message: "the file is empty (0 bytes); to clear the state on reload, write `{}` or a \
-                                      comment"
-                                .to_owned(),
-                        },
-                    );
-                    continue;
-                }
-                match parse_bytes(&path, bytes) {
-                    Ok(config) => {
-                        apply(&path, &store, config);
-                        applied = Some(digest);
-                    }
-                    Err(e) => refuse(&store, &e),
-                }
+        poll_once(&path, &store, &mut handled, &mut pending, &mut applied).await;
+        store.count_source_check();
+    }
+}
+
+/// One look at the file: apply or refuse what changed since the last look (once seen twice in a row).
+async fn poll_once(
+    path: &Path,
+    store: &StateStore,
+    handled: &mut Option<Seen>,
+    pending: &mut Option<Seen>,
+    applied: &mut Option<Digest32>,
+) {
+    let observation = observe(path).await;
+    let seen = observation.seen();
+    if handled.as_ref() == Some(&seen) {
+        *pending = None;
+        return;
+    }
+    // Act only once the same thing was seen twice in a row (the file may be mid-write).
+    if pending.as_ref() != Some(&seen) {
+        *pending = Some(seen);
+        return;
+    }
+    *pending = None;
+    *handled = Some(seen);
+    match observation {
+        Observation::Content { digest, bytes } => {
+            if *applied == Some(digest) {
+                info!(path = %path.display(), version = store.version(), "config file is back to the applied content");
+                store.clear_error();
+                return;
             }
-            Observation::Unreadable(source) => refuse(
-                &store,
-                &ConfigError::Read {
-                    file: path.clone(),
-                    source,
-                },
-            ),
+            if bytes.is_empty() {
+                // Most likely an editor truncated the file to rewrite it in place and is slow about it.
+                refuse(
+                    store,
+                    &ConfigError::Invalid {
+                        file: path.to_path_buf(),
+                        line: None,
+                        column: None,
+                        message: "the file is empty (0 bytes); to clear the state on reload, write `{}` or a \
+                                  comment"
+                            .to_owned(),
+                    },
+                );
+                return;
+            }
+            match parse_bytes(path, bytes) {
+                Ok(config) => {
+                    apply(path, store, config);
+                    *applied = Some(digest);
+                }
+                Err(e) => refuse(store, &e),
+            }
         }
+        Observation::Unreadable(source) => refuse(
+            store,
+            &ConfigError::Read {
+                file: path.to_path_buf(),
+                source,
+            },
+        ),
     }
 }
 
