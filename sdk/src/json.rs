@@ -71,7 +71,8 @@ impl Value {
     /// The number as an unsigned integer, if it is one exactly.
     pub fn as_u64(&self) -> Option<u64> {
         self.as_f64()
-            .filter(|n| n.fract() == 0.0 && *n >= 0.0 && *n <= u64::MAX as f64)
+            // `u64::MAX as f64` is 2^64, which is not a u64 (and `as` would saturate it).
+            .filter(|n| n.fract() == 0.0 && *n >= 0.0 && *n < u64::MAX as f64)
             .map(|n| n as u64)
     }
     /// The boolean, if this is one.
