@@ -92,6 +92,8 @@ struct PoolState {
     /// How many instances (idle + busy) the refill thread keeps.
     target: usize,
     closed: bool,
+    /// The refill thread is creating an instance right now.
+    creating: bool,
     /// Failed creations in a row, and the last one's reason.
     failures: u32,
     last_error: Option<String>,
@@ -133,6 +135,7 @@ impl Pool {
                 busy: 0,
                 target: target.clamp(1, max),
                 closed: false,
+                creating: false,
                 failures: 0,
                 last_error: None,
                 not_before: None,
@@ -210,11 +213,32 @@ impl Pool {
     }
 
     /// Stops the refill thread (the version is gone); idle instances are dropped, busy ones when given back.
-    pub fn close(&self) {
+    ///
+    /// A creation in progress ends at its configure deadline, which only the engine's epoch ticks enforce; the
+    /// host's ticker stops when the host is dropped, so while one is in progress a keeper ticks until it ends
+    /// (otherwise a `configure` that spins would keep the refill thread busy forever).
+    pub fn close(self: &Arc<Self>) {
         let mut st = self.lock();
         st.closed = true;
+        let creating = st.creating;
         drop(st);
         self.wake.notify_all();
+        if creating {
+            let pool = self.clone();
+            let spawned = std::thread::Builder::new()
+                .name("weft-plugin-pool-end".into())
+                .spawn(move || {
+                    let tick = pool.factory.limits.tick;
+                    while pool.lock().creating {
+                        pool.factory.shared.engine.increment_epoch();
+                        std::thread::sleep(tick);
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::warn!(plugin = %self.factory.ctx.name, error = %e,
+                    "cannot start a thread to end a closed pool's refill; it ends when the host's ticker ticks");
+            }
+        }
     }
 
     /// How many instances this pool keeps (a new version of the same plugin starts with as many).
@@ -263,11 +287,13 @@ impl Pool {
                     };
                 }
             }
+            st.creating = true;
             drop(st);
             let started = Instant::now();
             let created = self.factory.create();
             let took = started.elapsed();
             let mut st = self.lock();
+            st.creating = false;
             let pause = (took * REFILL_DUTY_FACTOR).max(MIN_REFILL_INTERVAL);
             let name = &self.factory.ctx.name;
             match created {

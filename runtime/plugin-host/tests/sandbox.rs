@@ -224,6 +224,10 @@ fn oversized_reason_is_refused_before_it_is_copied() {
     LARGEST_ALLOCATION.with(|l| l.set(Some(0)));
     let v = host.authorize(&c);
     let largest = LARGEST_ALLOCATION.with(|l| l.replace(None)).unwrap();
+    assert!(
+        largest < 1 << 20,
+        "the host allocated {largest} bytes during the call (the reason is 10 MiB)"
+    );
     match v {
         Verdict::Deny { by, reason } => {
             assert_eq!(by, "bad");
@@ -234,10 +238,6 @@ fn oversized_reason_is_refused_before_it_is_copied() {
         }
         Verdict::Allow => panic!("fail-closed plugin allowed"),
     }
-    assert!(
-        largest < 1 << 20,
-        "the host allocated {largest} bytes during the call (the reason is 10 MiB)"
-    );
     assert_eq!(errors(&host, "bad", "bad_output"), 1);
 }
 
