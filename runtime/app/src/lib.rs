@@ -20,7 +20,10 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
             validity,
         }) => {
             weft_identity::ca::write_root(&out, &trust_domain, validity)?;
-            println!("wrote {}/root-cert.pem and root-key.pem", out.display());
+            println!(
+                "wrote {}/root-cert.pem and root-key.pem (mode 0600; for a single machine or development only)",
+                out.display()
+            );
             Ok(())
         }
         Command::Demo(args) => demo::run(args),

@@ -104,6 +104,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         .with_context(|| "loading the mesh config".to_owned())?;
     let ca_settings = args.ca.settings(args.ca_dir.clone(), &args.cluster_id);
     let ca = weft_identity::select::build_ca(&ca_settings).context("setting up the CA client")?;
+    if args.ca.ca_kind == crate::cli::CaKind::Local {
+        tracing::warn!(ca_dir = %args.ca_dir.as_deref().unwrap_or(std::path::Path::new("-")).display(),
+            "local CA mode: the CA's private key is on this node, so whoever takes this node can mint any identity \
+             in the mesh; use it on a single machine or for development only (a cluster: --ca-kind istio or k8s-csr)");
+    }
     // Built inside the control runtime, so CA calls run there.
     let identity = {
         let _in_control = control.enter();

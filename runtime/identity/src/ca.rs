@@ -76,7 +76,8 @@ impl LocalCa {
     }
 
     /// Load `root-cert.pem` and `root-key.pem` (and `cert-chain.pem` / `ca-cert.pem` + `ca-key.pem` for an
-    /// intermediate, as Istio's `cacerts` secret lays them out) from a directory.
+    /// intermediate, as Istio's `cacerts` secret lays them out) from a directory. The key file must be readable by
+    /// its owner only ([`read_private_key`]): a CA key others can read is refused, naming the file and the fix.
     pub fn from_dir(dir: &Path) -> Result<Self, Error> {
         let read = |name: &str| {
             std::fs::read_to_string(dir.join(name))
@@ -84,9 +85,11 @@ impl LocalCa {
         };
         if dir.join("ca-cert.pem").exists() {
             let root = read("root-cert.pem")?;
-            Self::from_pem(&read("ca-cert.pem")?, &read("ca-key.pem")?, vec![root])
+            let key = read_private_key(&dir.join("ca-key.pem"))?;
+            Self::from_pem(&read("ca-cert.pem")?, &key, vec![root])
         } else {
-            Self::from_pem(&read("root-cert.pem")?, &read("root-key.pem")?, vec![])
+            let key = read_private_key(&dir.join("root-key.pem"))?;
+            Self::from_pem(&read("root-cert.pem")?, &key, vec![])
         }
     }
 
@@ -259,20 +262,80 @@ pub fn generate_root(trust_domain: &str, validity: Duration) -> Result<(String, 
     Ok((cert.pem(), key.serialize_pem()))
 }
 
-/// Write a development root into `dir` as `root-cert.pem` and `root-key.pem` (key readable by the owner only).
+/// Read a CA private key (PEM), refusing one that group or others may read: the error names the file, its mode
+/// and the fix (`chmod 600`). The mode is checked on the opened file (a symlink, as in a Kubernetes secret mount,
+/// is judged by its target), so what is checked is what is read.
+pub fn read_private_key(path: &Path) -> Result<String, Error> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)
+        .map_err(|e| Error::Ca(format!("reading {}: {e}", path.display())))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = file
+            .metadata()
+            .map_err(|e| Error::Ca(format!("reading {}: {e}", path.display())))?
+            .permissions()
+            .mode()
+            & 0o7777;
+        if mode & 0o077 != 0 {
+            return Err(Error::Ca(format!(
+                "{path} has mode {mode:04o}: a CA private key must be readable by its owner only, and group or \
+                 others may access this one (anyone who reads it can mint any identity in the mesh); fix it with \
+                 `chmod 600 {path}`",
+                path = path.display()
+            )));
+        }
+    }
+    let mut key = String::new();
+    file.read_to_string(&mut key)
+        .map_err(|e| Error::Ca(format!("reading {}: {e}", path.display())))?;
+    Ok(key)
+}
+
+/// Create `path` (which must not exist, not even as a symlink) with `mode` from the start, and write `bytes`.
+fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), Error> {
+    use std::io::Write;
+    let mut opts = std::fs::OpenOptions::new();
+    // `create_new` is O_CREAT|O_EXCL: it fails on any existing path, a symlink included (never followed).
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, mode);
+    #[cfg(not(unix))]
+    let _ = mode;
+    let mut file = opts.open(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AlreadyExists {
+            Error::Ca(format!(
+                "{} already exists: refusing to overwrite it or write through it (remove it, or write the CA to \
+                 a new directory)",
+                path.display()
+            ))
+        } else {
+            Error::Ca(format!("creating {}: {e}", path.display()))
+        }
+    })?;
+    file.write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| Error::Ca(format!("writing {}: {e}", path.display())))
+}
+
+/// Write a development root into `dir` as `root-cert.pem` and `root-key.pem`. The key file is created readable by
+/// its owner only (mode 0600 at creation, whatever the umask, never chmod-ed afterwards, so there is no moment at
+/// which others could open it). Neither file may exist yet: an existing CA is never overwritten, and a symlink
+/// planted in its place is not followed.
 pub fn write_root(dir: &Path, trust_domain: &str, validity: Duration) -> Result<(), Error> {
     let (cert, key) = generate_root(trust_domain, validity)?;
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::Ca(format!("creating {}: {e}", dir.display())))?;
-    std::fs::write(dir.join("root-cert.pem"), cert)
-        .map_err(|e| Error::Ca(format!("writing root-cert.pem: {e}")))?;
-    let key_path = dir.join("root-key.pem");
-    std::fs::write(&key_path, key).map_err(|e| Error::Ca(format!("writing root-key.pem: {e}")))?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| Error::Ca(format!("chmod root-key.pem: {e}")))?;
+    let (key_path, cert_path) = (dir.join("root-key.pem"), dir.join("root-cert.pem"));
+    for p in [&key_path, &cert_path] {
+        if p.symlink_metadata().is_ok() {
+            return Err(Error::Ca(format!(
+                "{} already exists: refusing to overwrite a CA (remove it, or write the CA to a new directory)",
+                p.display()
+            )));
+        }
     }
-    Ok(())
+    write_new(&key_path, key.as_bytes(), 0o600)?;
+    write_new(&cert_path, cert.as_bytes(), 0o644)
 }
