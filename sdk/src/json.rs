@@ -227,21 +227,54 @@ impl Parser<'_> {
     }
 
     fn number(&mut self) -> Result<Value, JsonError> {
+        // RFC 8259: `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`, and finite.
         let start = self.i;
-        while let Some(b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9') = self.s.get(self.i) {
+        if self.s.get(self.i) == Some(&b'-') {
             self.i += 1;
+        }
+        match self.s.get(self.i) {
+            Some(b'0') => self.i += 1,
+            Some(b'1'..=b'9') => _ = self.digits(),
+            _ => return Err(self.err("bad number")),
+        }
+        if self.s.get(self.i) == Some(&b'.') {
+            self.i += 1;
+            if self.digits() == 0 {
+                return Err(self.err("bad number"));
+            }
+        }
+        if let Some(b'e' | b'E') = self.s.get(self.i) {
+            self.i += 1;
+            if let Some(b'+' | b'-') = self.s.get(self.i) {
+                self.i += 1;
+            }
+            if self.digits() == 0 {
+                return Err(self.err("bad number"));
+            }
         }
         std::str::from_utf8(&self.s[start..self.i])
             .ok()
             .and_then(|t| t.parse::<f64>().ok())
+            .filter(|n| n.is_finite())
             .map(Value::Number)
-            .ok_or_else(|| self.err("bad number"))
+            .ok_or_else(|| self.err("number out of range"))
+    }
+
+    /// Skips ASCII digits; how many.
+    fn digits(&mut self) -> usize {
+        let start = self.i;
+        while let Some(b'0'..=b'9') = self.s.get(self.i) {
+            self.i += 1;
+        }
+        self.i - start
     }
 
     fn hex4(&mut self) -> Result<u32, JsonError> {
         let h = self
             .s
             .get(self.i..self.i + 4)
+            // Exactly four hex digits (`from_str_radix` alone would take a sign).
+            .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
             .and_then(|h| std::str::from_utf8(h).ok())
             .and_then(|h| u32::from_str_radix(h, 16).ok())
             .ok_or_else(|| self.err("bad \\u escape"))?;
@@ -277,6 +310,9 @@ impl Parser<'_> {
                             let code = if (0xD800..0xDC00).contains(&hi) {
                                 self.eat("\\u")?;
                                 let lo = self.hex4()?;
+                                if !(0xDC00..0xE000).contains(&lo) {
+                                    return Err(self.err("bad \\u escape: unpaired surrogate"));
+                                }
                                 0x10000 + ((hi - 0xD800) << 10) + (lo.wrapping_sub(0xDC00) & 0x3FF)
                             } else {
                                 hi
@@ -288,6 +324,7 @@ impl Parser<'_> {
                     let mut buf = [0u8; 4];
                     out.extend_from_slice(ch.encode_utf8(&mut buf).as_bytes());
                 }
+                Some(0..0x20) => return Err(self.err("control character in string")),
                 Some(&b) => {
                     out.push(b);
                     self.i += 1;
