@@ -274,4 +274,16 @@ mod tests {
         assert_eq!(forwarded_for(&h), None);
         assert_eq!(forwarded_host(&h), None);
     }
+
+    #[test]
+    fn the_source_is_the_tcp_peer_whatever_forwarded_claims() {
+        let peer: SocketAddr = "127.0.0.5:41000".parse().unwrap();
+        let mut h = HeaderMap::new();
+        assert_eq!(source_of(peer, &h), (peer, None));
+        h.insert("forwarded", "for=\"127.0.0.9:4000\"".parse().unwrap());
+        assert_eq!(
+            source_of(peer, &h),
+            (peer, Some("127.0.0.9:4000".parse().unwrap()))
+        );
+    }
 }
