@@ -13,6 +13,34 @@ use weft_plugin_host::testing::{conn, workload};
 use weft_plugin_host::{HostConfig, Outcome, PluginHost, sha256_hex};
 use weft_state::{PluginSource, PluginSpec};
 
+/// A plugin's code, read under the wasm build lock into an inline source. A test in this binary rebuilds every
+/// plugin while the others run (`every_plugin_builds_for_wasm32`): a spec naming the file could be re-read in the
+/// middle of a rewrite and look like new (or broken) code, so an unchanged spec would not be `Unchanged`.
+fn code(wasm: &std::path::Path) -> PluginSource {
+    let lock = std::fs::File::create(
+        weft_plugin_host::testing::wasm_target_dir().join(".weft-build.lock"),
+    )
+    .expect("build lock");
+    lock.lock().expect("lock");
+    let bytes = std::fs::read(wasm).expect("read plugin");
+    drop(lock);
+    PluginSource::Inline(Arc::new(bytes))
+}
+
+/// `common::policy`, with the code pinned (see [`code`]).
+fn policy(name: &str, wasm: &std::path::Path, config: &str) -> Arc<PluginSpec> {
+    let mut spec = (*common::policy(name, wasm, config)).clone();
+    spec.source = code(wasm);
+    Arc::new(spec)
+}
+
+/// `common::telemetry`, with the code pinned (see [`code`]).
+fn telemetry(name: &str, wasm: &std::path::Path, config: &str) -> Arc<PluginSpec> {
+    let mut spec = (*common::telemetry(name, wasm, config)).clone();
+    spec.source = code(wasm);
+    Arc::new(spec)
+}
+
 fn loaded(report: &weft_plugin_host::ApplyReport, name: &str) -> String {
     match report.get(name) {
         Some(Outcome::Loaded { sha256 }) => sha256.clone(),
@@ -58,7 +86,7 @@ fn bad_versions_are_rejected_while_the_old_one_serves() {
         ),
         (
             "wrong world",
-            with(&|s| s.source = PluginSource::Path(counter())),
+            with(&|s| s.source = code(&counter())),
             "does not fit the weft:plugin/transport-policy world",
         ),
         (
@@ -95,7 +123,7 @@ fn bad_versions_are_rejected_while_the_old_one_serves() {
     // A misbehaving plugin's `configure` error (from the plugin itself).
     let report = host.apply(
         &[with(&|s| {
-            s.source = PluginSource::Path(misbehave());
+            s.source = code(&misbehave());
             s.config = "configure-error".into();
         })],
         &[],
@@ -111,7 +139,10 @@ fn bad_versions_are_rejected_while_the_old_one_serves() {
     assert_eq!(report.get("p"), Some(&Outcome::Unchanged));
     assert_eq!(host.status()[0].state, "serving");
     // A correct sha256 loads.
-    let good_sha = sha256_hex(&std::fs::read(allowlist()).expect("read"));
+    let PluginSource::Inline(good_code) = &v1.source else {
+        panic!("pinned code")
+    };
+    let good_sha = sha256_hex(good_code);
     let report = host.apply(
         &[with(&|s| {
             s.sha256 = Some(good_sha.to_uppercase());
