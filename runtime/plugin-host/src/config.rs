@@ -6,10 +6,13 @@ use std::time::Duration;
 /// How the plugin host runs plugins. `Default` gives production values.
 #[derive(Debug, Clone)]
 pub struct HostConfig {
-    /// Where compiled components are cached on disk (`<sha256 of the component>.cwasm`); `None`: memory only.
+    /// Where compiled components are cached on disk; `None`: memory only. Created 0700 if missing; a directory
+    /// that is not weft's own, is group- or world-writable or is a symlink is not used (WARN, memory only). Entries
+    /// are keyed by the component's sha256 and the engine settings and verified with an HMAC (key `cache.key`,
+    /// 0600, in the directory) before they are loaded; a bad entry is compiled again and rewritten.
     pub cache_dir: Option<PathBuf>,
     /// Per-call budget for `authorize` and telemetry batches: CPU time of the calling thread, checked at epoch
-    /// ticks (so OS preemption does not count against a plugin), with a wall-clock cap of 10× the budget.
+    /// ticks (so OS preemption does not count against a plugin), with a wall-clock cap of 100× the budget.
     pub call_deadline: Duration,
     /// Deadline for `configure` and `update-state` (they may index large state).
     pub configure_deadline: Duration,
@@ -28,8 +31,17 @@ pub struct HostConfig {
     /// Instances created and configured when a version loads, before it serves (so the data path never pays for
     /// instantiation in steady state).
     pub prewarm_instances: usize,
-    /// Metric series a plugin may create (all its metrics together); more are dropped and counted.
+    /// Metric series a plugin may create (all its metrics together); more are dropped and counted
+    /// (`weft_plugin_metric_dropped_total{reason="series_cap"}`).
     pub max_series_per_plugin: usize,
+    /// Longest plugin metric label value, in bytes. An update with a longer value is refused, not truncated (two
+    /// values cut to one prefix would merge into one series), and counted (`reason="label_value_too_long"`). The
+    /// default fits a DNS name (253) and a SPIFFE ID with the longest namespace and service account.
+    pub max_label_value_len: usize,
+    /// Label bytes (names and values of every series) one plugin version may hold; a new series past it is
+    /// dropped and counted (`reason="label_bytes"`). This bounds the host memory a plugin's metrics take and the
+    /// size of its part of `/stats/prometheus`.
+    pub max_label_bytes_per_plugin: usize,
     /// Longest deny reason kept (longer: the call counts as failed, failure policy applies).
     pub max_reason_len: usize,
     /// Log lines a policy plugin may write per second (burst the same); more are dropped and counted.
@@ -58,6 +70,8 @@ impl Default for HostConfig {
             max_idle_per_plugin: cpus.max(2) * 2,
             prewarm_instances: cpus.max(1),
             max_series_per_plugin: 10_000,
+            max_label_value_len: 1024,
+            max_label_bytes_per_plugin: 8 << 20,
             max_reason_len: 1024,
             log_lines_per_sec: 20,
             telemetry_log_lines_per_sec: 20_000,

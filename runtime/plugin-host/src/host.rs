@@ -15,7 +15,7 @@ use crate::engine::{CompileCache, Ticker, build_engine};
 use crate::host_metrics::HostMetrics;
 use crate::instance::Limits;
 use crate::plugin::{PluginVersion, PolicyState};
-use crate::plugin_metrics::MetricsHub;
+use crate::plugin_metrics::{LabelLimits, MetricsHub};
 use crate::shared::Shared;
 use crate::telemetry::{Msg, TelemetryQueue};
 
@@ -84,7 +84,10 @@ impl PluginHost {
             engine,
             limits,
             metrics,
-            hub: Arc::new(MetricsHub::default()),
+            hub: Arc::new(MetricsHub::new(LabelLimits {
+                max_value_len: config.max_label_value_len,
+                max_bytes: config.max_label_bytes_per_plugin,
+            })),
             epoch_start: Instant::now(),
             config,
         });

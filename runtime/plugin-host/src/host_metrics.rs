@@ -10,7 +10,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::error::ErrorKind;
-use crate::plugin_metrics::MetricsHub;
+use crate::plugin_metrics::{DropReason, MetricDrops, MetricsHub};
 
 type Labels = Vec<(String, String)>;
 type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
@@ -30,7 +30,7 @@ pub(crate) struct HostMetrics {
     instances: Family<Labels, Gauge>,
     loads: Family<Labels, Counter>,
     log_dropped: Family<Labels, Counter>,
-    series_dropped: Family<Labels, Counter>,
+    metric_dropped: Family<Labels, Counter>,
     pub(crate) telemetry_dropped: Counter,
 }
 
@@ -44,7 +44,7 @@ impl Default for HostMetrics {
             instances: Family::default(),
             loads: Family::default(),
             log_dropped: Family::default(),
-            series_dropped: Family::default(),
+            metric_dropped: Family::default(),
             telemetry_dropped: Counter::default(),
         }
     }
@@ -59,7 +59,8 @@ pub(crate) struct PluginCounters {
     pub latency: Histogram,
     pub instances: Gauge,
     pub log_dropped: Counter,
-    pub series_dropped: Counter,
+    /// Plugin metric updates dropped, by reason.
+    pub series_dropped: MetricDrops,
 }
 
 impl PluginCounters {
@@ -88,7 +89,16 @@ impl HostMetrics {
             latency: self.latency.get_or_create(&p).clone(),
             instances: self.instances.get_or_create(&p).clone(),
             log_dropped: self.log_dropped.get_or_create(&p).clone(),
-            series_dropped: self.series_dropped.get_or_create(&p).clone(),
+            series_dropped: MetricDrops::new(
+                DropReason::ALL
+                    .iter()
+                    .map(|r| {
+                        self.metric_dropped
+                            .get_or_create(&with("reason", r.as_str()))
+                            .clone()
+                    })
+                    .collect(),
+            ),
         }
     }
 
@@ -140,9 +150,10 @@ impl HostMetrics {
             self.log_dropped.clone(),
         );
         registry.register(
-            "weft_plugin_metric_series_dropped",
-            "Plugin metric updates dropped (series cap, bad handle or label count).",
-            self.series_dropped.clone(),
+            "weft_plugin_metric_dropped",
+            "Plugin metric updates dropped, by reason (bad_update: unknown handle, wrong type or label count; \
+             label_value_too_long; series_cap; label_bytes: the plugin's label-bytes budget is spent).",
+            self.metric_dropped.clone(),
         );
         registry.register(
             "weft_plugin_telemetry_events_dropped",

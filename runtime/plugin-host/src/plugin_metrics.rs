@@ -1,5 +1,13 @@
-//! Plugin-defined metrics: families keyed by plugin name (so a new version keeps counting where the old one was),
-//! a series cap per plugin, and a `prometheus_client` collector that serves them with the plugin's names and labels.
+//! Plugin-defined metrics: one set per plugin version (a new code or config version starts empty, and a removed
+//! plugin's series are freed with it, as Envoy drops a removed extension's stats; a new control-plane state keeps
+//! the set), bounded in what a plugin can make the host hold, and a `prometheus_client` collector that serves the
+//! serving versions' sets with the plugin's names and labels.
+//!
+//! Bounds: a label value longer than [`LabelLimits::max_value_len`] bytes is refused (not truncated: two long
+//! values would silently merge into one series), as is a new series past the plugin's series cap or past its
+//! label-bytes budget (the label names and values of all its series, which is also what its exposition costs).
+//! Each refused update is counted in `weft_plugin_metric_dropped_total{plugin,reason}`. Label names are at most
+//! [`MAX_LABEL_NAME_LEN`] bytes and [`MAX_LABELS`] per metric (checked when the metric is defined).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
@@ -11,7 +19,86 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter as HostCounter;
 
 const MAX_FAMILIES_PER_PLUGIN: usize = 256;
-const MAX_LABELS: usize = 32;
+/// Most labels one metric may have.
+pub(crate) const MAX_LABELS: usize = 32;
+/// Longest label name.
+pub(crate) const MAX_LABEL_NAME_LEN: usize = 128;
+
+/// How much a plugin's labels may hold (from the host config).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LabelLimits {
+    /// Longest label value, in bytes.
+    pub max_value_len: usize,
+    /// Label bytes (names and values) of all the series of one plugin version.
+    pub max_bytes: usize,
+}
+
+impl Default for LabelLimits {
+    fn default() -> Self {
+        Self {
+            max_value_len: 1024,
+            max_bytes: 8 << 20,
+        }
+    }
+}
+
+/// Why a metric update was dropped (the `reason` label of `weft_plugin_metric_dropped_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DropReason {
+    /// A metric handle the instance never defined, the wrong update for the metric's type, or the wrong number
+    /// of label values.
+    BadUpdate,
+    /// A label value longer than the limit.
+    LabelValueTooLong,
+    /// The plugin's series cap is reached.
+    SeriesCap,
+    /// The plugin's label-bytes budget is spent.
+    LabelBytes,
+}
+
+impl DropReason {
+    /// All reasons, for pre-created series.
+    pub const ALL: [DropReason; 4] = [
+        DropReason::BadUpdate,
+        DropReason::LabelValueTooLong,
+        DropReason::SeriesCap,
+        DropReason::LabelBytes,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::BadUpdate => "bad_update",
+            DropReason::LabelValueTooLong => "label_value_too_long",
+            DropReason::SeriesCap => "series_cap",
+            DropReason::LabelBytes => "label_bytes",
+        }
+    }
+}
+
+/// One plugin's dropped-update counters, one per [`DropReason`] (cheap to clone: shared).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct MetricDrops {
+    counters: Vec<HostCounter>,
+}
+
+impl MetricDrops {
+    /// From counters in [`DropReason::ALL`] order.
+    pub fn new(counters: Vec<HostCounter>) -> Self {
+        Self { counters }
+    }
+
+    /// Counts one dropped update.
+    pub fn inc(&self, reason: DropReason) {
+        if let Some(c) = DropReason::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .and_then(|i| self.counters.get(i))
+        {
+            c.inc();
+        }
+    }
+}
 
 /// What a family holds.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,19 +132,28 @@ pub(crate) struct MetricFamily {
     series: RwLock<HashMap<Vec<String>, Series>>,
 }
 
-/// One plugin's metrics (shared by all its versions and instances).
+/// The metrics of one plugin version (shared by its instances, and by the versions that only got new state).
 #[derive(Debug)]
 pub(crate) struct PluginMetrics {
+    plugin: String,
     max_series: usize,
+    limits: LabelLimits,
     series: AtomicUsize,
-    dropped: HostCounter,
+    label_bytes: AtomicUsize,
+    dropped: MetricDrops,
     families: Mutex<BTreeMap<String, Arc<MetricFamily>>>,
 }
 
-/// All plugins' metrics; registered into the admin registry as a collector.
+/// The serving plugins' metrics; registered into the admin registry as a collector.
 #[derive(Debug, Default)]
 pub struct MetricsHub {
+    limits: LabelLimits,
     plugins: RwLock<BTreeMap<String, Arc<PluginMetrics>>>,
+}
+
+/// Label bytes of one series.
+fn series_bytes(names: &[String], values: &[String]) -> usize {
+    names.iter().map(String::len).sum::<usize>() + values.iter().map(String::len).sum::<usize>()
 }
 
 fn valid_name(s: &str, colon: bool) -> bool {
@@ -68,35 +164,48 @@ fn valid_name(s: &str, colon: bool) -> bool {
 }
 
 impl MetricsHub {
-    /// The metrics of `plugin`, created on first use.
+    /// A hub whose plugins' labels are bounded by `limits`.
+    pub(crate) fn new(limits: LabelLimits) -> Self {
+        Self {
+            limits,
+            plugins: RwLock::new(BTreeMap::new()),
+        }
+    }
+
+    /// An empty metric set for a new version of `plugin`. It is served once [`Self::publish`] names it (when the
+    /// version serves); until then (and for a version that is rejected) nothing of it is exposed.
     pub(crate) fn plugin(
         &self,
         plugin: &str,
         max_series: usize,
-        dropped: HostCounter,
+        dropped: MetricDrops,
     ) -> Arc<PluginMetrics> {
-        if let Some(p) = self
-            .plugins
-            .read()
-            .ok()
-            .and_then(|m| m.get(plugin).cloned())
-        {
-            return p;
-        }
+        Arc::new(PluginMetrics {
+            plugin: plugin.to_string(),
+            max_series,
+            limits: self.limits,
+            series: AtomicUsize::new(0),
+            label_bytes: AtomicUsize::new(0),
+            dropped,
+            families: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// Serves exactly these metric sets (the serving versions, by plugin name): a replaced version's set and a
+    /// removed plugin's set are dropped here, and their memory is freed when the last instance using them goes.
+    pub(crate) fn publish<'a>(
+        &self,
+        serving: impl IntoIterator<Item = (&'a str, &'a Arc<PluginMetrics>)>,
+    ) {
+        let next: BTreeMap<String, Arc<PluginMetrics>> = serving
+            .into_iter()
+            .map(|(name, m)| (name.to_string(), m.clone()))
+            .collect();
         let mut map = match self.plugins.write() {
             Ok(m) => m,
             Err(poisoned) => poisoned.into_inner(),
         };
-        map.entry(plugin.to_string())
-            .or_insert_with(|| {
-                Arc::new(PluginMetrics {
-                    max_series,
-                    series: AtomicUsize::new(0),
-                    dropped,
-                    families: Mutex::new(BTreeMap::new()),
-                })
-            })
-            .clone()
+        *map = next;
     }
 
     /// Forgets a removed plugin's metrics.
@@ -106,7 +215,8 @@ impl MetricsHub {
         }
     }
 
-    /// The family another plugin defined under `metric`, with its owner's name.
+    /// The family another serving plugin (not another version of this one) defined under `metric`, with its
+    /// owner's name.
     fn defined_elsewhere(
         &self,
         metric: &str,
@@ -114,7 +224,7 @@ impl MetricsHub {
     ) -> Option<(String, Arc<MetricFamily>)> {
         let map = self.plugins.read().ok()?;
         map.iter()
-            .filter(|(_, p)| !std::ptr::eq(Arc::as_ptr(p), except))
+            .filter(|(name, p)| !std::ptr::eq(Arc::as_ptr(p), except) && **name != except.plugin)
             .find_map(|(name, p)| {
                 let f = p.families.lock().ok()?.get(metric).cloned()?;
                 Some((name.clone(), f))
@@ -145,6 +255,19 @@ impl MetricsHub {
             if !valid_name(l, false) || l.starts_with("__") {
                 return Err(format!("metric `{name}`: invalid label name `{l}`"));
             }
+            if l.len() > MAX_LABEL_NAME_LEN {
+                return Err(format!(
+                    "metric `{name}`: label name `{l}` is longer than {MAX_LABEL_NAME_LEN} bytes"
+                ));
+            }
+        }
+        if let Some(dup) = labels
+            .iter()
+            .enumerate()
+            .find(|(i, l)| labels[..*i].contains(l))
+            .map(|(_, l)| l)
+        {
+            return Err(format!("metric `{name}`: label `{dup}` appears twice"));
         }
         if let Shape::Histogram(b) = &shape
             && (b.is_empty()
@@ -193,11 +316,16 @@ impl MetricsHub {
             series: RwLock::new(HashMap::new()),
         });
         if let Some(old) = families.insert(key.to_string(), family.clone()) {
-            let n = old.series.read().map_or(0, |s| s.len());
-            plugin.series.fetch_sub(
-                n.min(plugin.series.load(Ordering::Relaxed)),
-                Ordering::Relaxed,
-            );
+            let (n, bytes) = old.series.read().map_or((0, 0), |s| {
+                (
+                    s.len(),
+                    s.keys()
+                        .map(|values| series_bytes(&old.label_names, values))
+                        .sum(),
+                )
+            });
+            release(&plugin.series, n);
+            release(&plugin.label_bytes, bytes);
         }
         Ok(family)
     }
@@ -212,8 +340,30 @@ pub(crate) enum Update {
     Observe(f64),
 }
 
+/// Gives back `n` of a budget (never below zero).
+fn release(budget: &AtomicUsize, n: usize) {
+    let _ = budget.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+        Some(v.saturating_sub(n))
+    });
+}
+
+/// Takes `n` of a budget of `max`; false (nothing taken) when it would go over.
+fn reserve(budget: &AtomicUsize, n: usize, max: usize) -> bool {
+    budget
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+            v.checked_add(n).filter(|total| *total <= max)
+        })
+        .is_ok()
+}
+
 impl PluginMetrics {
-    /// Applies an update; a wrong kind, a wrong label count or a full series budget drops it (counted).
+    /// Counts an update dropped for `reason`.
+    pub(crate) fn drop_update(&self, reason: DropReason) {
+        self.dropped.inc(reason);
+    }
+
+    /// Applies an update; a wrong kind or label count, an over-long label value, a full series cap or a spent
+    /// label-bytes budget drops it (counted by reason).
     pub(crate) fn update(&self, family: &MetricFamily, labels: Vec<String>, update: Update) {
         let kind_ok = matches!(
             (&family.shape, update),
@@ -222,7 +372,11 @@ impl PluginMetrics {
                 | (Shape::Histogram(_), Update::Observe(_))
         );
         if !kind_ok || labels.len() != family.label_names.len() {
-            self.dropped.inc();
+            self.dropped.inc(DropReason::BadUpdate);
+            return;
+        }
+        if labels.iter().any(|v| v.len() > self.limits.max_value_len) {
+            self.dropped.inc(DropReason::LabelValueTooLong);
             return;
         }
         if let Ok(series) = family.series.read()
@@ -232,13 +386,18 @@ impl PluginMetrics {
             return;
         }
         let Ok(mut series) = family.series.write() else {
-            self.dropped.inc();
+            self.dropped.inc(DropReason::BadUpdate);
             return;
         };
         if !series.contains_key(&labels) {
-            if self.series.fetch_add(1, Ordering::Relaxed) >= self.max_series {
-                self.series.fetch_sub(1, Ordering::Relaxed);
-                self.dropped.inc();
+            if !reserve(&self.series, 1, self.max_series) {
+                self.dropped.inc(DropReason::SeriesCap);
+                return;
+            }
+            let bytes = series_bytes(&family.label_names, &labels);
+            if !reserve(&self.label_bytes, bytes, self.limits.max_bytes) {
+                release(&self.series, 1);
+                self.dropped.inc(DropReason::LabelBytes);
                 return;
             }
             let fresh = match &family.shape {

@@ -123,6 +123,8 @@ pub(crate) struct StoreData {
     /// The time budget of the call in progress.
     pub budget: crate::budget::Budget,
     stub_rep: u32,
+    /// WASI state (unfinished stdout/stderr lines).
+    pub wasi: crate::wasi::WasiState,
 }
 
 impl StoreData {
@@ -137,6 +139,7 @@ impl StoreData {
             metric_ids: Vec::new(),
             budget: crate::budget::Budget::new(tick),
             stub_rep: 0,
+            wasi: crate::wasi::WasiState::default(),
         }
     }
 
@@ -146,15 +149,7 @@ impl StoreData {
         self.stub_rep
     }
 
-    /// What the guest wrote to stdout/stderr: into the log, rate-limited, one line at a time.
-    pub fn guest_print(&self, bytes: &[u8]) {
-        let text = String::from_utf8_lossy(bytes);
-        for line in text.lines().filter(|l| !l.trim().is_empty()) {
-            self.log_line(log::Level::Info, line);
-        }
-    }
-
-    fn log_line(&self, level: log::Level, message: &str) {
+    pub(crate) fn log_line(&self, level: log::Level, message: &str) {
         if !self.ctx.log.allow() {
             self.ctx.counters.log_dropped.inc();
             return;
@@ -207,7 +202,9 @@ impl StoreData {
         match self.metric_ids.get(id as usize) {
             Some(family) => self.ctx.metrics.update(family, labels, update),
             None => {
-                self.ctx.counters.series_dropped.inc();
+                self.ctx
+                    .metrics
+                    .drop_update(crate::plugin_metrics::DropReason::BadUpdate);
             }
         }
     }
