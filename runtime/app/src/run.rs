@@ -86,6 +86,22 @@ async fn apply_plugins(host: &Arc<PluginHost>, state: &MeshState, defaults: bool
     }
 }
 
+/// The plugin host's settings. A call never creates a plugin instance (it fails with `no_instance` when none is
+/// idle), so each plugin keeps one for every thread that may call at once: the data-path workers and the thread
+/// re-checking live connections.
+fn plugin_host_config(args: &RunArgs) -> HostConfig {
+    let defaults = HostConfig::default();
+    let instances = defaults
+        .prewarm_instances
+        .max(args.worker_threads.max(1) + 1);
+    HostConfig {
+        cache_dir: args.plugin_cache.clone(),
+        prewarm_instances: instances,
+        max_idle_per_plugin: defaults.max_idle_per_plugin.max(instances),
+        ..defaults
+    }
+}
+
 /// Run the node until SIGTERM/SIGINT or `/quitquitquit`, then drain.
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let logs = logging::init(&args.log, args.log_format)?;
@@ -121,13 +137,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             },
         )
     };
-    let host = Arc::new(
-        PluginHost::new(HostConfig {
-            cache_dir: args.plugin_cache.clone(),
-            ..HostConfig::default()
-        })
-        .context("starting the plugin host")?,
-    );
+    let host =
+        Arc::new(PluginHost::new(plugin_host_config(&args)).context("starting the plugin host")?);
     let hooks: Arc<dyn ConnectionHooks> = host.clone();
 
     let metrics = Arc::new(ProxyMetrics::default());
