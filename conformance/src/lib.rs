@@ -174,18 +174,27 @@ impl Drop for Mesh {
     }
 }
 
-/// Poll `f` until it returns `Some`, or fail after `timeout`.
+/// The least time [`eventually`] waits for an event before failing the test.
+pub const EVENT_TIMEOUT_FLOOR: Duration = Duration::from_secs(30);
+
+/// Poll `f` until it returns `Some`, or fail after `timeout` (at least [`EVENT_TIMEOUT_FLOOR`]).
 pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut f: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
+    // The wait ends at the event, so a generous bound costs nothing when things work and keeps a loaded machine
+    // (a CI run, a parallel build) from turning a slow event into a failure.
+    let timeout = timeout.max(EVENT_TIMEOUT_FLOOR);
     let start = std::time::Instant::now();
     loop {
         if let Some(v) = f().await {
             return v;
         }
-        assert!(start.elapsed() < timeout, "timed out waiting for: {what}");
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }

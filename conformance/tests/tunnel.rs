@@ -122,7 +122,14 @@ async fn plain_tcp_workload_is_reached_without_hbone() {
     .await;
     assert_eq!(out["dst.hbone_addr"], "", "{out}");
     assert_eq!(out["dst.workload"], "db");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Had node B carried it, it would have opened (and counted) the connection before the echo could answer: the
+    // completed round trip orders that before this scrape, so no waiting is needed to see that it did not.
+    let mb = mesh.b.scrape().await.unwrap();
+    assert_eq!(
+        metric_sum(&mb, "weft_connections_opened_total"),
+        0.0,
+        "{mb}"
+    );
     assert!(
         mesh.b.access_logs().is_empty(),
         "node B must not see plain TCP traffic"
@@ -175,7 +182,23 @@ async fn server_with_the_wrong_identity_is_refused() {
         1.0,
         "{m}"
     );
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Node A refused node B's certificate before sending a CONNECT, so node B cannot have opened a tunnel: its
+    // handshake ended with A's alert, which it counts; once counted, nothing of that connection is left to happen.
+    let mb = eventually(
+        Duration::from_secs(30),
+        "node B counts the failed handshake",
+        || async {
+            let m = mesh.b.scrape().await.ok()?;
+            (metric_sum(&m, "weft_connections_failed_total{direction=\"inbound\"") >= 1.0)
+                .then_some(m)
+        },
+    )
+    .await;
+    assert_eq!(
+        metric_sum(&mb, "weft_connections_opened_total"),
+        0.0,
+        "{mb}"
+    );
     assert!(
         mesh.b.access_logs().is_empty(),
         "no tunnel may reach node B's workload"
@@ -262,17 +285,16 @@ async fn sigterm_drains_then_closes() {
     // An open, idle tunnel holds node B's drain until the deadline, then it is closed.
     let start = std::time::Instant::now();
     assert!(
-        mesh.b.terminate(Duration::from_secs(10)).await,
+        mesh.b.terminate(Duration::from_secs(30)).await,
         "node B must exit by itself"
     );
+    // A lower bound only (a loaded machine can make the exit later, never earlier): the open tunnel held the drain
+    // until its deadline, which the log line below confirms.
     let took = start.elapsed();
-    assert!(
-        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
-        "drain took {took:?}"
-    );
+    assert!(took >= Duration::from_millis(900), "drain took {took:?}");
     let mut buf = [0u8; 1];
     let n = tokio::time::timeout(
-        Duration::from_secs(5),
+        Duration::from_secs(30),
         tokio::io::AsyncReadExt::read(&mut { s }, &mut buf),
     )
     .await
@@ -304,12 +326,13 @@ async fn idle_connections_time_out_and_log_level_changes_at_run_time() {
     let start = std::time::Instant::now();
     let mut buf = [0u8; 1];
     let n = tokio::time::timeout(
-        Duration::from_secs(5),
+        Duration::from_secs(30),
         tokio::io::AsyncReadExt::read(&mut s, &mut buf),
     )
     .await
     .expect("an idle connection must be closed");
     assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+    // A lower bound only: the timer cannot fire before 300 ms of silence, however loaded the machine is.
     assert!(
         start.elapsed() >= Duration::from_millis(250),
         "closed too early: {:?}",

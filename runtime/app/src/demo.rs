@@ -133,7 +133,11 @@ async fn demo(args: DemoArgs, dir: &Path) -> anyhow::Result<()> {
         "plain-TCP workload db-1",
     )
     .await?;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Node B logs a connection when it closes, just after the client saw its echo: wait for both HBONE ones.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while nodes[1].access_logs().len() < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 
     println!("\nwhat node-b saw (inbound, identities verified by mutual TLS):");
     for l in nodes[1].access_logs() {
