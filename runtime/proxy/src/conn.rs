@@ -52,9 +52,13 @@ impl Inner {
     }
 
     /// Run an allowed, established connection to its end and report it.
+    ///
+    /// `epoch` is the tracker's policy epoch read before the connection was authorized: if a re-check started
+    /// since, it may have missed this connection (not registered yet), so it is authorized again here.
     pub(crate) async fn run<SR, SW, DR, DW>(
         self: &Arc<Self>,
         record: Arc<ConnectionRecord>,
+        epoch: u64,
         transport: Transport,
         via: Via,
         src: Halves<SR, SW>,
@@ -67,6 +71,12 @@ impl Inner {
     {
         let ctl = Arc::new(ConnControl::default());
         let _guard = self.tracker.register(record.clone(), ctl.clone());
+        if self.tracker.policy_epoch() != epoch
+            && let v @ Verdict::Deny { .. } = self.hooks.authorize(&record)
+        {
+            tracing::info!(conn = record.id, verdict = ?v, "policy changed while connecting: closing connection now denied");
+            ctl.deny(v);
+        }
         let labels = Self::labels(&record, transport);
         self.metrics.opened.get_or_create(&labels).inc();
         let active = self.metrics.active.get_or_create(&labels).clone();
@@ -124,9 +134,11 @@ impl Inner {
     }
 
     /// Ask the policy plugins about an inbound connection; a denial is logged and reported here.
-    pub(crate) fn authorize_inbound(&self, record: &ConnectionRecord, via: Via) -> Result<(), ()> {
+    /// Allowed: the tracker's policy epoch read before asking (for [`Inner::run`]).
+    pub(crate) fn authorize_inbound(&self, record: &ConnectionRecord, via: Via) -> Result<u64, ()> {
+        let epoch = self.tracker.policy_epoch();
         match self.hooks.authorize(record) {
-            Verdict::Allow => Ok(()),
+            Verdict::Allow => Ok(epoch),
             v => {
                 tracing::info!(conn = record.id, src = %record.src, dst = %record.dst, peer_identity = record.peer_identity.as_deref().unwrap_or(""), verdict = ?v, "connection denied by policy");
                 self.failed(record, via, "denied", v.clone(), format!("{v:?}"), "DENY");
@@ -223,4 +235,96 @@ fn access_log(record: &ConnectionRecord, via: Via, close: &CloseRecord) {
         error = close.error.as_deref().unwrap_or(""),
         "connection complete"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code: a panic fails the test
+
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+    use weft_hooks::ConnectionHooks;
+
+    use super::*;
+    use crate::testkit::{self, Recorder};
+
+    async fn pair() -> (TcpStream, TcpStream) {
+        let lis = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let peer = TcpStream::connect(lis.local_addr().unwrap()).await.unwrap();
+        let (ours, _) = lis.accept().await.unwrap();
+        (peer, ours)
+    }
+
+    fn record(id: u64) -> Arc<ConnectionRecord> {
+        Arc::new(ConnectionRecord {
+            id,
+            direction: Direction::Inbound,
+            src: SocketAddr::from(([127, 0, 0, 1], 40_000)),
+            dst: SocketAddr::from(([127, 0, 0, 2], 8080)),
+            peer_identity: None,
+            src_workload: None,
+            dst_workload: None,
+            dst_service: None,
+            hbone: false,
+        })
+    }
+
+    /// Run one connection whose policy was asked at `epoch` while the policy now denies everything; returns the
+    /// response flag it closed with. The peers close their ends if the connection is still up after a round trip.
+    async fn run_one(inner: &Arc<Inner>, hooks: &Recorder, epoch: u64) -> &'static str {
+        let (mut client, src) = pair().await;
+        let (mut server, dst) = pair().await;
+        let me = inner.clone();
+        let task = tokio::spawn(async move {
+            let (sr, sw) = src.into_split();
+            let (dr, dw) = dst.into_split();
+            me.run(
+                record(me.tracker.next_id()),
+                epoch,
+                "plaintext",
+                Via::NONE,
+                Halves(sr, sw),
+                Halves(dr, dw),
+            )
+            .await;
+        });
+        // Either the connection is closed at once (nothing comes back), or it relays: then both peers close.
+        let _ = client.write_all(b"x").await;
+        let mut one = [0u8; 1];
+        if server.read_exact(&mut one).await.is_ok() {
+            drop(server);
+            drop(client);
+        }
+        tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .expect("the connection did not end")
+            .unwrap();
+        hooks.closes().pop().unwrap().1.response_flags
+    }
+
+    /// A connection authorized before a policy change, and registered only after the re-check took its snapshot,
+    /// is authorized again when it registers (the re-check could not see it); one authorized after no re-check is
+    /// not asked again.
+    #[tokio::test]
+    async fn a_connection_the_recheck_could_not_see_is_checked_when_it_registers() {
+        let hooks = Arc::new(Recorder::default());
+        let inner = testkit::inner(
+            testkit::config("node-a", 15008),
+            testkit::state("workloads: []\n"),
+            testkit::identity(),
+            hooks.clone(),
+        );
+        // Authorized (allowed) at this epoch...
+        let epoch = inner.tracker.policy_epoch();
+        // ... then the policy changes and the re-check runs before the connection is registered.
+        hooks.deny_when(|_| true);
+        let as_hooks: Arc<dyn ConnectionHooks> = hooks.clone();
+        assert_eq!(inner.tracker.recheck(as_hooks).await, 0);
+        assert_eq!(run_one(&inner, &hooks, epoch).await, "DENY");
+        // Authorized after the re-check: not asked again (the hooks would deny it, the relay runs).
+        let now = inner.tracker.policy_epoch();
+        assert_eq!(run_one(&inner, &hooks, now).await, "-");
+    }
 }

@@ -206,10 +206,10 @@ impl Inner {
             hbone_addr: Some(local),
             forwarded_for: claimed,
         };
-        if self.authorize_inbound(&record, via).is_err() {
+        let Ok(epoch) = self.authorize_inbound(&record, via) else {
             let _ = req.reject(StatusCode::UNAUTHORIZED);
             return;
-        }
+        };
         let Ok(upstream) = self.connect_workload(&record, via).await else {
             let _ = req.reject(StatusCode::SERVICE_UNAVAILABLE);
             return;
@@ -223,7 +223,7 @@ impl Inner {
         };
         let (tr, tw) = stream.into_split();
         let (ur, uw) = upstream.into_split();
-        self.run(record, "hbone", via, Halves(tr, tw), Halves(ur, uw))
+        self.run(record, epoch, "hbone", via, Halves(tr, tw), Halves(ur, uw))
             .await;
     }
 }

@@ -194,6 +194,8 @@ pub(crate) enum Upstream {
 
 pub(crate) struct Established {
     pub record: Arc<ConnectionRecord>,
+    /// The tracker's policy epoch read before the connection was authorized.
+    pub epoch: u64,
     pub upstream: Upstream,
 }
 
@@ -256,6 +258,7 @@ impl Inner {
         record.dst_workload = resolved.workload.as_ref().map(|w| w.meta.clone());
         record.dst_service = resolved.service.as_ref().map(|s| s.key());
         record.hbone = resolved.is_hbone();
+        let epoch = self.tracker.policy_epoch();
         if let v @ Verdict::Deny { .. } = self.hooks.authorize(&record) {
             let Verdict::Deny { by, reason } = v else {
                 unreachable!()
@@ -293,6 +296,7 @@ impl Inner {
                 return match conn {
                     Ok(s) => Ok(Established {
                         record,
+                        epoch,
                         upstream: Upstream::Tcp(s),
                     }),
                     Err(e) => {
@@ -421,6 +425,7 @@ impl Inner {
         match self.pool.connect(key, req, connect).await {
             Ok((stream, _headers)) => Ok(Established {
                 record,
+                epoch,
                 upstream: Upstream::Hbone(stream, hbone_addr),
             }),
             Err(weft_hbone::Error::Status(status)) if status == http::StatusCode::UNAUTHORIZED => {
@@ -469,6 +474,7 @@ impl Inner {
                 let (ur, uw) = stream.into_split();
                 self.run(
                     est.record,
+                    est.epoch,
                     "hbone",
                     Via::hbone(addr),
                     Halves(cr, cw),
@@ -478,8 +484,15 @@ impl Inner {
             }
             Upstream::Tcp(s) => {
                 let (ur, uw) = s.into_split();
-                self.run(est.record, "tcp", Via::NONE, Halves(cr, cw), Halves(ur, uw))
-                    .await;
+                self.run(
+                    est.record,
+                    est.epoch,
+                    "tcp",
+                    Via::NONE,
+                    Halves(cr, cw),
+                    Halves(ur, uw),
+                )
+                .await;
             }
         }
     }

@@ -49,9 +49,9 @@ impl Inner {
             dst_service: None,
             hbone: false,
         });
-        if self.authorize_inbound(&record, Via::NONE).is_err() {
+        let Ok(epoch) = self.authorize_inbound(&record, Via::NONE) else {
             return;
-        }
+        };
         let Ok(upstream) = self.connect_workload(&record, Via::NONE).await else {
             return;
         };
@@ -59,6 +59,7 @@ impl Inner {
         let (ur, uw) = upstream.into_split();
         self.run(
             record,
+            epoch,
             "plaintext",
             Via::NONE,
             Halves(cr, cw),

@@ -66,6 +66,8 @@ struct Tracked {
 #[derive(Default)]
 pub struct ConnTracker {
     next_id: AtomicU64,
+    /// Bumped when a re-check starts (before its snapshot); see [`ConnTracker::policy_epoch`].
+    policy_epoch: AtomicU64,
     live: Mutex<HashMap<u64, Tracked>>,
     changed: tokio::sync::Notify,
 }
@@ -103,6 +105,13 @@ impl ConnTracker {
     /// A fresh connection id.
     pub fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// The re-check epoch. Read it before authorizing a connection and compare after registering it: if it moved,
+    /// a re-check may have taken its snapshot before the connection was registered, and the connection must be
+    /// authorized again (see `Inner::run`).
+    pub fn policy_epoch(&self) -> u64 {
+        self.policy_epoch.load(Ordering::SeqCst)
     }
 
     /// Register an allowed, established connection.
@@ -143,6 +152,7 @@ impl ConnTracker {
     /// one batch at a time. The data-path workers stay free, and a re-check of many connections competes with
     /// connection tasks for at most one thread. A connection that ended meanwhile is skipped.
     pub async fn recheck(&self, hooks: Arc<dyn ConnectionHooks>) -> usize {
+        self.policy_epoch.fetch_add(1, Ordering::SeqCst);
         let snapshot: Vec<(Arc<ConnectionRecord>, Arc<ConnControl>)> = self
             .lock()
             .values()
