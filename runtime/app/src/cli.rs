@@ -169,6 +169,10 @@ pub struct RunArgs {
     /// How long a drain waits for connections.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pub drain_deadline: Duration,
+    /// Open connections each listener (15001, 15006, 15008, 15080) holds at most; one over the cap is closed at
+    /// once, logged and counted in weft_listener_connections_refused_total. 0: unlimited.
+    #[arg(long, default_value_t = weft_proxy::config::DEFAULT_MAX_CONNECTIONS_PER_LISTENER)]
+    pub max_connections_per_listener: usize,
     /// How often the config file is checked for edits.
     #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
     pub config_poll: Duration,

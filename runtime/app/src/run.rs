@@ -43,6 +43,8 @@ fn proxy_config(a: &RunArgs) -> ProxyConfig {
     c.bind_source_ip = a.bind_source_ip;
     c.idle_timeout = a.idle_timeout;
     c.drain_deadline = a.drain_deadline;
+    c.max_connections_per_listener =
+        (a.max_connections_per_listener > 0).then_some(a.max_connections_per_listener);
     c
 }
 

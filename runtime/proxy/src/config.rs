@@ -11,11 +11,11 @@ pub const RESERVED_PORTS: [u16; 4] = [15001, 15006, 15008, 15080];
 /// Default cap of open connections per listener.
 ///
 /// ztunnel and Envoy set none by default. weft caps each listener so that a flood on one of them (15008 and 15006
-/// listen on every address) cannot take every file descriptor and starve the other listeners and the node's own
-/// connections: a relayed connection holds two descriptors, so four listeners at 65,536 each stay within the
-/// 1,048,576 descriptors container runtimes give by default, while a node's workloads rarely hold more than a few
-/// thousand connections per listener (and a single client address cannot exceed its ~28,000 ephemeral ports
-/// towards one destination anyway).
+/// listen on every address) cannot take every file descriptor and starve the other listeners, the admin servers
+/// and the node's established connections. A relayed connection holds about two descriptors, so four listeners at
+/// 65,536 each stay within the 1,048,576 descriptors container runtimes give a process by default, while the cap
+/// is far above what a node's workloads hold through one listener in normal operation. Lower it where the
+/// descriptor limit is lower.
 pub const DEFAULT_MAX_CONNECTIONS_PER_LISTENER: usize = 65_536;
 
 /// Where the inbound HBONE listener binds.
