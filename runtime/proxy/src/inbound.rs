@@ -192,7 +192,8 @@ impl Inner {
             peer_identity: Some(peer_id.to_string()),
             src_workload: src_wl,
             dst_workload: Some(dst_wl.meta.clone()),
-            // The service the client targeted, from `forwarded: ...;host=`, if this workload backs it.
+            // The service the client targeted, from `forwarded: ...;host=`, if this workload backs it. The peer
+            // chooses it (among this workload's services): a telemetry label, not a fact to authorize on.
             dst_service: forwarded_host(req.headers()).and_then(|host| {
                 dst_wl
                     .services
