@@ -493,3 +493,57 @@ fn a_new_cache_dir_is_private() {
     assert_eq!(mode(&dir.join("cache.key")), 0o600);
     assert_eq!(mode(&entry(&dir, &allowlist())), 0o600);
 }
+
+/// Resident set size of this process, from `/proc/self/status`.
+fn rss_bytes() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: usize = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    kb << 10
+}
+
+/// Figures for the label bomb (run alone: `--ignored --exact label_bomb_memory_figures --nocapture`): 150 calls
+/// with 64 KiB label values under the default limits, and with the limits lifted (what the host did before they
+/// existed). With the limits the process grows by less than 16 MiB and the exposition stays under 64 KiB.
+#[test]
+#[ignore = "measures process RSS: run alone"]
+fn label_bomb_memory_figures() {
+    let run = |cfg: HostConfig| {
+        let host = PluginHost::new(HostConfig {
+            prewarm_instances: 1,
+            ..cfg
+        })
+        .unwrap();
+        load(&host, "bomb", "label-bomb", FailurePolicy::FailOpen);
+        let before = rss_bytes();
+        for _ in 0..150 {
+            host.authorize(&conn(666, Some(PEER)));
+        }
+        let page = host.metrics_text().len();
+        let after = rss_bytes();
+        drop(host);
+        (before, after, page)
+    };
+    let (b, a, page) = run(HostConfig::default());
+    println!(
+        "limits on: RSS {} -> {} MiB, exposition {page} bytes",
+        b >> 20,
+        a >> 20
+    );
+    let capped_growth = a.saturating_sub(b);
+    let (b, a, page) = run(HostConfig {
+        max_label_value_len: usize::MAX,
+        max_label_bytes_per_plugin: usize::MAX,
+        call_deadline: std::time::Duration::from_secs(1),
+        ..HostConfig::default()
+    });
+    println!(
+        "limits off: RSS {} -> {} MiB, exposition {page} bytes",
+        b >> 20,
+        a >> 20
+    );
+    assert!(capped_growth < 16 << 20, "grew {capped_growth} bytes");
+}
