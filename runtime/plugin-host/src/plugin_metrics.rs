@@ -504,3 +504,115 @@ impl Collector for MetricsHub {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // a test panics to fail
+
+    use super::*;
+
+    fn hub() -> MetricsHub {
+        MetricsHub::new(LabelLimits {
+            max_value_len: 8,
+            max_bytes: 64,
+        })
+    }
+
+    fn drops() -> (MetricDrops, Vec<HostCounter>) {
+        let counters: Vec<HostCounter> = DropReason::ALL
+            .iter()
+            .map(|_| HostCounter::default())
+            .collect();
+        (MetricDrops::new(counters.clone()), counters)
+    }
+
+    fn dropped(counters: &[HostCounter], reason: DropReason) -> u64 {
+        let i = DropReason::ALL.iter().position(|r| *r == reason).unwrap();
+        counters[i].get()
+    }
+
+    #[test]
+    fn label_names_are_bounded_in_length_count_and_unique() {
+        let hub = hub();
+        let p = hub.plugin("p", 100, drops().0);
+        let long = "l".repeat(MAX_LABEL_NAME_LEN + 1);
+        let err = hub
+            .define(&p, "m", "", vec![long], Shape::Counter)
+            .unwrap_err();
+        assert!(err.contains("longer than 128 bytes"), "{err}");
+        let ok = "l".repeat(MAX_LABEL_NAME_LEN);
+        hub.define(&p, "m", "", vec![ok], Shape::Counter).unwrap();
+        let many: Vec<String> = (0..=MAX_LABELS).map(|i| format!("l{i}")).collect();
+        let err = hub.define(&p, "n", "", many, Shape::Counter).unwrap_err();
+        assert!(err.contains("more than 32 labels"), "{err}");
+        let err = hub
+            .define(&p, "o", "", vec!["a".into(), "a".into()], Shape::Counter)
+            .unwrap_err();
+        assert!(err.contains("appears twice"), "{err}");
+    }
+
+    #[test]
+    fn long_values_and_spent_budgets_are_dropped_by_reason() {
+        let hub = hub();
+        let (d, counters) = drops();
+        let p = hub.plugin("p", 3, d);
+        // Label name "k" (1 byte) + value: 64 bytes of budget.
+        let f = hub
+            .define(&p, "m", "", vec!["k".into()], Shape::Counter)
+            .unwrap();
+        p.update(&f, vec!["123456789".into()], Update::CounterAdd(1));
+        assert_eq!(dropped(&counters, DropReason::LabelValueTooLong), 1);
+        for v in ["a", "b", "c", "d"] {
+            p.update(&f, vec![v.into()], Update::CounterAdd(1));
+        }
+        assert_eq!(dropped(&counters, DropReason::SeriesCap), 1);
+        // An existing series still counts.
+        p.update(&f, vec!["a".into()], Update::CounterAdd(1));
+        assert_eq!(dropped(&counters, DropReason::SeriesCap), 1);
+        p.update(&f, vec![], Update::CounterAdd(1));
+        p.update(&f, vec!["a".into()], Update::GaugeSet(1));
+        assert_eq!(dropped(&counters, DropReason::BadUpdate), 2);
+
+        let (d, counters) = drops();
+        let q = hub.plugin("q", 100, d);
+        let g = hub
+            .define(&q, "g", "", vec!["k".into()], Shape::Gauge)
+            .unwrap();
+        // 7 series of 1 + 8 bytes = 63 bytes fit in 64; the eighth does not.
+        for i in 0..8 {
+            q.update(&g, vec![format!("{i:08}")], Update::GaugeSet(1));
+        }
+        assert_eq!(dropped(&counters, DropReason::LabelBytes), 1);
+        assert_eq!(q.label_bytes.load(Ordering::Relaxed), 63);
+    }
+
+    #[test]
+    fn only_published_sets_are_served_and_a_new_version_starts_empty() {
+        let hub = Arc::new(hub());
+        let encode = |hub: &Arc<MetricsHub>| {
+            let mut registry = prometheus_client::registry::Registry::default();
+            registry.register_collector(Box::new(hub.clone()));
+            let mut out = String::new();
+            prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+            out
+        };
+        let v1 = hub.plugin("p", 100, drops().0);
+        let f = hub
+            .define(&v1, "m", "", vec!["k".into()], Shape::Counter)
+            .unwrap();
+        v1.update(&f, vec!["a".into()], Update::CounterAdd(1));
+        assert!(!encode(&hub).contains("m_total{k=\"a\"}"));
+        hub.publish([("p", &v1)]);
+        assert!(encode(&hub).contains("m_total{k=\"a\"} 1"));
+        // A new version of `p` defines the same metric: its own, empty family (not v1's).
+        let v2 = hub.plugin("p", 100, drops().0);
+        let f2 = hub
+            .define(&v2, "m", "", vec!["k".into()], Shape::Counter)
+            .unwrap();
+        assert!(!Arc::ptr_eq(&f, &f2));
+        hub.publish([("p", &v2)]);
+        assert!(!encode(&hub).contains("m_total{"));
+        hub.publish([]);
+        assert!(hub.plugins.read().unwrap().is_empty());
+    }
+}
