@@ -8,6 +8,16 @@
 //! `configure-error` (`configure` fails), `configure-loop` (`configure` never returns), `state` (asks for the
 //! authorization policies, refuses a set holding a policy named `reject-me`, and denies port 666 with a reason
 //! listing the policy keys it holds).
+//!
+//! `trap-refill-spin` attacks the instance pool: `authorize` traps on every call (any port), and `configure`
+//! spins until its deadline in every instance but the first one. Instances share nothing but the host, so an
+//! instance learns it is not the first through the plugin's metric family cap: each `configure` first defines
+//! a family under a name no other instance uses, then the first one fills the cap; every later instance's
+//! first definition is refused.
+//!
+//! Host-API edges (port 666 again): `print` (`println!` and `eprintln!`, then allow), `panic-message` (panics with
+//! a message naming the port), `random` (denies with 32 bytes of `wasi:random` in hex), `random-huge` (asks
+//! `wasi:random` for 1 GiB in one call), `label-bomb` (one counter series per call with a 64 KiB label value).
 
 use weft_plugin_sdk::metrics::Counter;
 use weft_plugin_sdk::{
@@ -33,6 +43,24 @@ fn recurse(depth: u64, pad: &mut [u64; 16]) -> u64 {
     r.wrapping_add(pad[(depth % 7) as usize])
 }
 
+/// `configure` of `trap-refill-spin`: returns in the plugin's first instance, spins in every later one.
+fn not_first_instance_spins() {
+    let own = format!(
+        "misbehave_probe_{}",
+        weft_plugin_sdk::metrics::monotonic_now_ns()
+    );
+    if Counter::define(&own, "Probe.", &[]).is_err() {
+        // An earlier instance filled the family cap: this is not the first instance.
+        loop {
+            std::hint::black_box(&own);
+        }
+    }
+    let mut i = 0u32;
+    while i < 100_000 && Counter::define(&format!("misbehave_fill_{i}"), "Fill.", &[]).is_ok() {
+        i += 1;
+    }
+}
+
 impl TransportPolicy for Misbehave {
     fn configure(config: &str) -> Result<Self, String> {
         let mode = config.trim().trim_matches('"').to_string();
@@ -41,10 +69,17 @@ impl TransportPolicy for Misbehave {
             "configure-loop" => loop {
                 std::hint::black_box(&mode);
             },
+            "trap-refill-spin" => not_first_instance_spins(),
             _ => {}
         }
         let counter = if mode == "metric-flood" {
             Some(Counter::define("misbehave_flood_total", "Flood.", &["n"])?)
+        } else if mode == "label-bomb" {
+            Some(Counter::define(
+                "misbehave_label_bomb_total",
+                "Huge label values.",
+                &["v"],
+            )?)
         } else {
             None
         };
@@ -76,6 +111,9 @@ impl TransportPolicy for Misbehave {
     }
 
     fn authorize(&mut self, conn: &Connection, _workloads: &Workloads<'_>) -> Decision {
+        if self.mode == "trap-refill-spin" {
+            core::arch::wasm32::unreachable();
+        }
         if conn.destination.port != 666 {
             return Decision::Allow;
         }
@@ -110,8 +148,65 @@ impl TransportPolicy for Misbehave {
                 Decision::Allow
             }
             "state" => Decision::deny(format!("policies: [{}]", self.policies.join(","))),
+            "print" | "panic-message" | "random" | "random-huge" | "label-bomb" => {
+                host_api_edge(&self.mode, self.counter.as_ref())
+            }
             _ => Decision::deny("misbehave denies port 666"),
         }
+    }
+}
+
+/// `wasi:random/random` imported directly (std reaches it only through small `getentropy` calls), to ask for
+/// amounts std never would.
+mod wasi_random {
+    #[link(wasm_import_module = "wasi:random/random@0.2.0")]
+    unsafe extern "C" {
+        /// Canonical ABI: `get-random-bytes(len: u64) -> list<u8>`, the list written to `ret` as (ptr, len).
+        #[link_name = "get-random-bytes"]
+        fn get_random_bytes(len: i64, ret: *mut usize);
+    }
+
+    /// `len` random bytes from the host.
+    pub fn bytes(len: u64) -> Vec<u8> {
+        let mut ret = [0usize; 2];
+        // SAFETY: the host writes a (ptr, len) pair into `ret`; the list was allocated with the module's
+        // `cabi_realloc` (std's allocator), so the Vec owns it.
+        unsafe {
+            get_random_bytes(len as i64, ret.as_mut_ptr());
+            Vec::from_raw_parts(ret[0] as *mut u8, ret[1], ret[1])
+        }
+    }
+}
+
+static LABEL_BOMB_CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+fn host_api_edge(mode: &str, counter: Option<&Counter>) -> Decision {
+    match mode {
+        "print" => {
+            println!("misbehave println on port 666");
+            eprintln!("misbehave eprintln on port 666");
+            Decision::Allow
+        }
+        "panic-message" => panic!("misbehave panic message: port 666 is cursed"),
+        "random" => {
+            let bytes = wasi_random::bytes(32);
+            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            Decision::deny(format!("random {hex}"))
+        }
+        "random-huge" => {
+            let bytes = wasi_random::bytes(1 << 30);
+            Decision::deny(format!("got {} random bytes", bytes.len()))
+        }
+        "label-bomb" => {
+            let n = LABEL_BOMB_CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if let Some(c) = counter {
+                let mut value = format!("{n:08}-");
+                value.push_str(&"x".repeat(64 * 1024 - value.len()));
+                c.inc(&[&value]);
+            }
+            Decision::Allow
+        }
+        _ => Decision::Allow,
     }
 }
 
