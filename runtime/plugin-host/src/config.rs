@@ -28,8 +28,10 @@ pub struct HostConfig {
     pub max_instances: u32,
     /// Idle instances kept per plugin version for reuse.
     pub max_idle_per_plugin: usize,
-    /// Instances created and configured when a version loads, before it serves (so the data path never pays for
-    /// instantiation in steady state).
+    /// Instances created and configured when a version loads, before it serves, and the size the background
+    /// refill keeps the idle pool at. Calls never create instances (a call that finds none idle fails at once with
+    /// `no_instance`), so this should be at least the number of threads that call at once (`weft run` uses the
+    /// data-path worker count + 1).
     pub prewarm_instances: usize,
     /// Metric series a plugin may create (all its metrics together); more are dropped and counted
     /// (`weft_plugin_metric_dropped_total{reason="series_cap"}`).

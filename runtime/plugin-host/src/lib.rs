@@ -7,11 +7,14 @@
 //! (cached by content hash), linked against their world, instantiated and configured before the chain is swapped
 //! atomically; a plugin that fails any step is rejected with the reason while its previous version keeps serving.
 //!
-//! Sandbox: no WASI at all (a plugin importing anything but `weft:plugin/*` is rejected), a memory cap per instance
-//! (growing past it traps), a wasm stack cap, a deadline per call (epoch interruption, ticker thread), pooled
-//! instance slots. A call that traps or times out throws its instance away and applies the plugin's failure
-//! policy (policy: fail closed unless configured fail-open; telemetry: the batch is dropped), counted in
-//! `weft_plugin_errors_total{plugin,kind}`.
+//! Sandbox: a locked-down WASI (no filesystem, sockets, environment or arguments; stdout/stderr go to the
+//! rate-limited log; random bytes from the OS CSPRNG, at most 64 KiB a call; any other import is rejected at load),
+//! a memory cap per instance (growing past it traps), a wasm stack cap, a deadline per call (epoch interruption,
+//! ticker thread), a cap on every guest-to-host copy (hostcall fuel), pooled instance slots. A call never creates
+//! an instance: each plugin version has a shared idle pool refilled by its own background thread, and a call that
+//! finds none idle fails at once (`no_instance`). A call that traps or times out throws its instance away and
+//! applies the plugin's failure policy (policy: fail closed unless configured fail-open; telemetry: the batch is
+//! dropped), counted in `weft_plugin_errors_total{plugin,kind}`.
 
 mod apply;
 pub mod bindings;
