@@ -4,6 +4,8 @@
 
 pub mod config;
 mod conn;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod headers;
 mod inbound;
 pub mod metrics;
