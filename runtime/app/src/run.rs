@@ -93,9 +93,12 @@ async fn apply_plugins(host: &Arc<PluginHost>, state: &MeshState, defaults: bool
 /// re-checking live connections.
 fn plugin_host_config(args: &RunArgs) -> HostConfig {
     let defaults = HostConfig::default();
+    // Calls never create instances, so each plugin keeps one per thread that may call at once (the data-path
+    // workers and the re-check thread), twice over: a burst of trapping calls (each throws its instance away)
+    // then leaves instances for the plugin's healthy calls while the refill thread replaces the lost ones.
     let instances = defaults
         .prewarm_instances
-        .max(args.worker_threads.max(1) + 1);
+        .max((args.worker_threads.max(1) + 1) * 2 + 2);
     HostConfig {
         cache_dir: args.plugin_cache.clone(),
         prewarm_instances: instances,

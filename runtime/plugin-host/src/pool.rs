@@ -18,11 +18,12 @@ use crate::shared::Shared;
 use crate::store::{LogLimiter, PluginCtx};
 
 /// Shortest pause between two instances the refill thread creates for one plugin version (a plugin that traps on
-/// every call cannot make the host create more than this many per second).
-const MIN_REFILL_INTERVAL: Duration = Duration::from_millis(5);
+/// every call cannot make the host create more than this many per second; a healthy plugin whose instances trap
+/// now and then is refilled fast enough that its other calls keep finding one).
+const MIN_REFILL_INTERVAL: Duration = Duration::from_millis(1);
 /// After a creation that took `t`, the refill thread waits at least `t` times this before the next one, so a
-/// plugin whose `configure` is slow costs at most about a fifth of one core.
-const REFILL_DUTY_FACTOR: u32 = 4;
+/// plugin whose `configure` is slow costs at most about a third of one core.
+const REFILL_DUTY_FACTOR: u32 = 2;
 /// Backoff after the first failed creation; doubles with every further failure in a row, up to the maximum.
 const BACKOFF_START: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
