@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # CI smoke for weft's fuzz targets: build every target (cargo-fuzz, nightly), then run each for a few seconds
 # starting from its committed seeds (every seed is run first, so a regression in a seed fails here too).
-# Needs nightly and cargo-fuzz (fuzz/install.sh). FUZZ_SMOKE_SECS sets the seconds per target (default 5).
+# Needs nightly and cargo-fuzz (fuzz/install.sh). FUZZ_SMOKE_SECS sets the seconds per target (default 4).
 # A crash fails the script; the input is left in fuzz/artifacts/<target>/.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-secs="${FUZZ_SMOKE_SECS:-5}"
+secs="${FUZZ_SMOKE_SECS:-4}"
 
 echo "fuzz smoke: building all targets"
 build_start=$(date +%s)

@@ -32,7 +32,8 @@ pub fn run(data: &[u8]) {
             let msg = e.to_string();
             assert!(!msg.is_empty());
             if let Some(line) = e.line() {
-                let lines = text.lines().count().max(1);
+                // YAML breaks lines at `\r\n`, `\n` and a lone `\r`.
+                let lines = text.replace("\r\n", "\n").matches(['\n', '\r']).count() + 1;
                 assert!(
                     (1..=lines + 1).contains(&line),
                     "error at line {line} of a {lines}-line file: {msg}"

@@ -63,6 +63,8 @@ pub fn run(data: &[u8]) {
             touch(v);
         }
         (Err(_), Err(_)) => {}
+        // Both stop at about 128 levels of nesting, not at the same one.
+        (Ok(_), Err(e)) if e.to_string().starts_with("recursion limit exceeded") => {}
         (Ok(v), Err(e)) => panic!("SDK accepts what is not JSON ({e}): {v:?}"),
         (Err(e), Ok(_)) => panic!("SDK refuses JSON: {e}"),
     }
