@@ -53,7 +53,13 @@ async fn socks5_through_two_nodes_with_verified_identities() {
             a.client().to_string()
         );
     }
-    let out = mesh.a.access_logs();
+    // Node A counts a connection's bytes and then logs it, when the connection closes (just after the client got
+    // its echo): wait for both lines, then the counters are final.
+    let out = eventually(Duration::from_secs(5), "node-a access logs", || async {
+        let l = mesh.a.access_logs();
+        (l.len() >= 2).then_some(l)
+    })
+    .await;
     assert!(
         out.iter()
             .any(|l| l["dst.service"] == "default/echo.default.svc.cluster.local"),
