@@ -10,8 +10,11 @@ pub mod mem;
 pub mod plugin_json;
 pub mod socks5_request;
 
+/// A target's entry point: one input.
+pub type Target = fn(&[u8]);
+
 /// Every target, by the name of its cargo-fuzz binary and of its seed directory.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("hbone_connect", hbone_connect::run),
     ("connect_headers", connect_headers::run),
     ("socks5_request", socks5_request::run),
