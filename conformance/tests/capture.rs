@@ -156,7 +156,7 @@ async fn dual_stack_capture_listener_serves_both_families() {
             let _ = t.await;
         }
     });
-    rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    rx.recv_timeout(Duration::from_secs(30)).unwrap();
     for dst in dsts {
         let back = mesh
             .ns_a
