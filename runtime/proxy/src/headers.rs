@@ -6,7 +6,10 @@ use std::net::SocketAddr;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use weft_hooks::WorkloadMeta;
 
-/// `baggage` describing the source workload (non-empty items only).
+/// `baggage` describing the source workload (non-empty items only). Values are written as W3C baggage requires:
+/// bytes outside `baggage-octet` (and `%`) are percent-encoded, so a name from config that holds `,`, `=`, `;`,
+/// spaces or non-ASCII cannot add, split or hide items (Kubernetes names need no encoding and go out as ztunnel
+/// sends them).
 pub fn baggage(src: &WorkloadMeta, cluster: &str) -> String {
     let cluster = if src.cluster_id.is_empty() {
         cluster
@@ -25,9 +28,31 @@ pub fn baggage(src: &WorkloadMeta, cluster: &str) -> String {
     items
         .iter()
         .filter(|(_, v)| !v.is_empty())
-        .map(|(k, v)| format!("{k}={v}"))
+        .map(|(k, v)| format!("{k}={}", baggage_value(v)))
         .collect::<Vec<_>>()
         .join(",")
+}
+
+/// A baggage value, percent-encoded outside W3C's `baggage-octet` (and `%` itself).
+fn baggage_value(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for b in v.bytes() {
+        let plain =
+            matches!(b, 0x21 | 0x23..=0x2B | 0x2D..=0x3A | 0x3C..=0x5B | 0x5D..=0x7E) && b != b'%';
+        if plain {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Whether `s` is an RFC 9110 token (what `forwarded`'s `host=` may carry unquoted; every DNS name is one).
+fn is_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 /// `traceparent` with random trace and span ids (W3C trace context, not sampled).
@@ -48,9 +73,18 @@ pub fn connect_headers(
 ) -> HeaderMap {
     let mut h = HeaderMap::new();
     let mut fwd = format!("for=\"{src_addr}\"");
-    if let Some(host) = service_host {
-        fwd.push_str(";host=");
-        fwd.push_str(host);
+    match service_host {
+        Some(host) if is_token(host) => {
+            fwd.push_str(";host=");
+            fwd.push_str(host);
+        }
+        // Not a hostname a peer could read back (config gave a name with spaces, separators or non-ASCII): leave
+        // `host=` out rather than send a header the peer drops whole, losing `for=` too.
+        Some(host) => tracing::debug!(
+            host,
+            "service hostname is not a token; forwarded host= left out"
+        ),
+        None => {}
     }
     if let Ok(v) = HeaderValue::from_str(&fwd) {
         h.insert(HeaderName::from_static("forwarded"), v);
@@ -102,6 +136,30 @@ mod tests {
         assert_eq!(
             (parts[0], parts[1].len(), parts[2].len(), parts[3]),
             ("00", 32, 16, "00")
+        );
+    }
+
+    #[test]
+    fn names_from_config_cannot_break_the_headers() {
+        let src = WorkloadMeta {
+            namespace: "a,k8s.cluster.name=evil".into(),
+            workload_name: "caf\u{e9} 1".into(),
+            canonical_name: "x;y%z".into(),
+            ..Default::default()
+        };
+        let h = connect_headers(
+            "10.0.0.1:4000".parse().unwrap(),
+            Some(&src),
+            Some("caf\u{e9}.default.svc"),
+            "Kubernetes",
+        );
+        // for= survives a hostname that is not a token; host= is left out.
+        assert_eq!(h["forwarded"], "for=\"10.0.0.1:4000\"");
+        // Separators and non-ASCII are percent-encoded: still five items, each value decodable.
+        assert_eq!(
+            h["baggage"],
+            "k8s.cluster.name=Kubernetes,k8s.namespace.name=a%2Ck8s.cluster.name=evil,\
+             k8s.deployment.name=caf%C3%A9%201,service.name=x%3By%25z"
         );
     }
 }
