@@ -92,9 +92,14 @@ async fn default_plugins_enforce_policies_and_export_istio_metrics() {
     );
 
     // Istio's metrics, as ztunnel names and labels them.
+    // Telemetry events reach the plugin through its queue: wait until the three closes and the denial are counted.
     let m = eventually(Duration::from_secs(5), "istio metrics", || async {
         let m = mesh.b.scrape().await.ok()?;
-        (metric_sum(&m, "istio_tcp_connections_closed_total{") >= 3.0).then_some(m)
+        let denied = m.lines().any(|l| {
+            l.starts_with("istio_tcp_connections_failed_total{")
+                && l.contains("response_flags=\"DENY\"")
+        });
+        (metric_sum(&m, "istio_tcp_connections_closed_total{") >= 3.0 && denied).then_some(m)
     })
     .await;
     let opened: Vec<&str> = m

@@ -284,20 +284,32 @@ impl Capture {
     }
 }
 
+/// The process-wide capture for this test binary. A thread-local subscriber (`with_default`) can miss events
+/// while other tests' threads register the same callsites (tracing caches each callsite's interest globally), so
+/// this test installs one global subscriber and tells its events apart by plugin names no other test uses.
+fn global_capture() -> &'static Capture {
+    static CAPTURE: std::sync::OnceLock<Capture> = std::sync::OnceLock::new();
+    CAPTURE.get_or_init(|| {
+        let c = Capture::default();
+        tracing::subscriber::set_global_default(c.clone())
+            .expect("no other global subscriber in this test binary");
+        c
+    })
+}
+
 /// A rejection is logged once, with its reason: a warning while the previous version keeps serving, an error
 /// when nothing serves for the plugin.
 #[test]
 fn a_rejection_is_logged_once_at_the_level_of_its_consequence() {
+    let capture = global_capture();
     let host = host();
-    let v1 = policy("p", &allowlist(), r#"{"ports": [80]}"#);
-    loaded(&host.apply(std::slice::from_ref(&v1), &[]), "p");
+    let v1 = policy("log-once-p", &allowlist(), r#"{"ports": [80]}"#);
+    loaded(&host.apply(std::slice::from_ref(&v1), &[]), "log-once-p");
     let mut bad = (*v1).clone();
     bad.config = r#"{"ports": ["not a port"]}"#.into();
-    let capture = Capture::default();
-    let report =
-        tracing::subscriber::with_default(capture.clone(), || host.apply(&[Arc::new(bad)], &[]));
-    rejected(&report, "p");
-    let lines = capture.rejections("p");
+    let report = host.apply(&[Arc::new(bad)], &[]);
+    rejected(&report, "log-once-p");
+    let lines = capture.rejections("log-once-p");
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0].0, tracing::Level::WARN, "{lines:?}");
     assert!(
@@ -307,13 +319,11 @@ fn a_rejection_is_logged_once_at_the_level_of_its_consequence() {
 
     // Nothing serves for it (never loaded, fail-closed: what it selects is denied).
     let host = self::host();
-    let mut never = (*policy("q", &allowlist(), "{}")).clone();
+    let mut never = (*policy("log-once-q", &allowlist(), "{}")).clone();
     never.sha256 = Some("11".repeat(32));
-    let capture = Capture::default();
-    let report =
-        tracing::subscriber::with_default(capture.clone(), || host.apply(&[Arc::new(never)], &[]));
-    rejected(&report, "q");
-    let lines = capture.rejections("q");
+    let report = host.apply(&[Arc::new(never)], &[]);
+    rejected(&report, "log-once-q");
+    let lines = capture.rejections("log-once-q");
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0].0, tracing::Level::ERROR, "{lines:?}");
     assert!(lines[0].1.contains("sha256 mismatch"), "{lines:?}");
