@@ -244,44 +244,22 @@ mod tests {
     use std::time::Duration;
 
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::{TcpListener, TcpStream};
     use weft_hooks::ConnectionHooks;
 
     use super::*;
     use crate::testkit::{self, Recorder};
 
-    async fn pair() -> (TcpStream, TcpStream) {
-        let lis = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let peer = TcpStream::connect(lis.local_addr().unwrap()).await.unwrap();
-        let (ours, _) = lis.accept().await.unwrap();
-        (peer, ours)
-    }
-
-    fn record(id: u64) -> Arc<ConnectionRecord> {
-        Arc::new(ConnectionRecord {
-            id,
-            direction: Direction::Inbound,
-            src: SocketAddr::from(([127, 0, 0, 1], 40_000)),
-            dst: SocketAddr::from(([127, 0, 0, 2], 8080)),
-            peer_identity: None,
-            src_workload: None,
-            dst_workload: None,
-            dst_service: None,
-            hbone: false,
-        })
-    }
-
     /// Run one connection whose policy was asked at `epoch` while the policy now denies everything; returns the
     /// response flag it closed with. The peers close their ends if the connection is still up after a round trip.
     async fn run_one(inner: &Arc<Inner>, hooks: &Recorder, epoch: u64) -> &'static str {
-        let (mut client, src) = pair().await;
-        let (mut server, dst) = pair().await;
+        let (mut client, src) = testkit::tcp_pair().await;
+        let (mut server, dst) = testkit::tcp_pair().await;
         let me = inner.clone();
         let task = tokio::spawn(async move {
             let (sr, sw) = src.into_split();
             let (dr, dw) = dst.into_split();
             me.run(
-                record(me.tracker.next_id()),
+                testkit::record(me.tracker.next_id(), false),
                 epoch,
                 "plaintext",
                 Via::NONE,

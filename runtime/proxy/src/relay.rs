@@ -213,17 +213,9 @@ where
 mod tests {
     #![allow(clippy::unwrap_used)] // test code: a panic fails the test
 
-    use tokio::net::{TcpListener, TcpStream};
+    use tokio::net::TcpStream;
 
     use super::*;
-
-    /// Two connected sockets: (the peer's end, the relay's end).
-    async fn pair() -> (TcpStream, TcpStream) {
-        let lis = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let peer = TcpStream::connect(lis.local_addr().unwrap()).await.unwrap();
-        let (ours, _) = lis.accept().await.unwrap();
-        (peer, ours)
-    }
 
     /// client ⇄ [relay] ⇄ server; returns the client, the server and the running relay.
     async fn relayed(
@@ -235,8 +227,8 @@ mod tests {
         Arc<Counters>,
         tokio::task::JoinHandle<RelayEnd>,
     ) {
-        let (client, src) = pair().await;
-        let (server, dst) = pair().await;
+        let (client, src) = crate::testkit::tcp_pair().await;
+        let (server, dst) = crate::testkit::tcp_pair().await;
         let counters = Arc::new(Counters::default());
         let c = counters.clone();
         let task = tokio::spawn(async move {

@@ -125,3 +125,28 @@ pub(crate) async fn echo(addr: SocketAddr) -> SocketAddr {
     });
     bound
 }
+
+/// Two connected loopback sockets: (the peer's end, ours).
+pub(crate) async fn tcp_pair() -> (tokio::net::TcpStream, tokio::net::TcpStream) {
+    let lis = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let peer = tokio::net::TcpStream::connect(lis.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (ours, _) = lis.accept().await.unwrap();
+    (peer, ours)
+}
+
+/// An inbound connection record with id `id` (HBONE or plaintext), between two fixed loopback addresses.
+pub(crate) fn record(id: u64, hbone: bool) -> Arc<ConnectionRecord> {
+    Arc::new(ConnectionRecord {
+        id,
+        direction: weft_hooks::Direction::Inbound,
+        src: SocketAddr::from(([127, 0, 0, 1], 40_000)),
+        dst: SocketAddr::from(([127, 0, 0, 2], 8080)),
+        peer_identity: None,
+        src_workload: None,
+        dst_workload: None,
+        dst_service: None,
+        hbone,
+    })
+}

@@ -198,27 +198,12 @@ impl ConnTracker {
 mod tests {
     #![allow(clippy::unwrap_used)] // test code: a panic fails the test
 
-    use std::net::SocketAddr;
     use std::sync::atomic::AtomicUsize;
     use std::time::Duration;
 
-    use weft_hooks::{CloseRecord, Direction};
+    use weft_hooks::CloseRecord;
 
     use super::*;
-
-    fn record(id: u64) -> Arc<ConnectionRecord> {
-        Arc::new(ConnectionRecord {
-            id,
-            direction: Direction::Inbound,
-            src: SocketAddr::from(([127, 0, 0, 1], 40_000)),
-            dst: SocketAddr::from(([127, 0, 0, 2], 8080)),
-            peer_identity: None,
-            src_workload: None,
-            dst_workload: None,
-            dst_service: None,
-            hbone: true,
-        })
-    }
 
     /// Denies even connection ids; the first call waits (on its thread) until the test lets it go, so the test
     /// can tell whether the re-check left the runtime's thread free meanwhile.
@@ -266,7 +251,12 @@ mod tests {
         const N: u64 = 10_000;
         let tracker = Arc::new(ConnTracker::default());
         let guards: Vec<TrackGuard> = (1..=N)
-            .map(|id| tracker.register(record(id), Arc::new(ConnControl::default())))
+            .map(|id| {
+                tracker.register(
+                    crate::testkit::record(id, true),
+                    Arc::new(ConnControl::default()),
+                )
+            })
             .collect();
         let (tx, rx) = std::sync::mpsc::channel();
         let gate = Arc::new(Gate {
@@ -325,8 +315,14 @@ mod tests {
     #[tokio::test]
     async fn wait_empty_returns_when_the_last_connection_ends() {
         let tracker = Arc::new(ConnTracker::default());
-        let g1 = tracker.register(record(1), Arc::new(ConnControl::default()));
-        let g2 = tracker.register(record(2), Arc::new(ConnControl::default()));
+        let g1 = tracker.register(
+            crate::testkit::record(1, true),
+            Arc::new(ConnControl::default()),
+        );
+        let g2 = tracker.register(
+            crate::testkit::record(2, true),
+            Arc::new(ConnControl::default()),
+        );
         let t = tracker.clone();
         let waiter = tokio::spawn(async move { t.wait_empty().await });
         drop(g1);
