@@ -13,18 +13,9 @@ use weft_plugin_host::testing::{conn, workload};
 use weft_plugin_host::{HostConfig, Outcome, PluginHost, sha256_hex};
 use weft_state::{PluginSource, PluginSpec};
 
-/// A plugin's code, read under the wasm build lock into an inline source. A test in this binary rebuilds every
-/// plugin while the others run (`every_plugin_builds_for_wasm32`): a spec naming the file could be re-read in the
-/// middle of a rewrite and look like new (or broken) code, so an unchanged spec would not be `Unchanged`.
+/// See [`common::pinned_code`].
 fn code(wasm: &std::path::Path) -> PluginSource {
-    let lock = std::fs::File::create(
-        weft_plugin_host::testing::wasm_target_dir().join(".weft-build.lock"),
-    )
-    .expect("build lock");
-    lock.lock().expect("lock");
-    let bytes = std::fs::read(wasm).expect("read plugin");
-    drop(lock);
-    PluginSource::Inline(Arc::new(bytes))
+    common::pinned_code(wasm)
 }
 
 /// `common::policy`, with the code pinned (see [`code`]).

@@ -21,15 +21,8 @@ use weft_state::FailurePolicy;
 /// `common::policy` with the code read under the wasm build lock into an inline source: another test binary
 /// may rebuild the plugins meanwhile, and a file read in the middle of a rewrite is not a component.
 fn policy(name: &str, wasm: &std::path::Path, config: &str) -> Arc<weft_state::PluginSpec> {
-    let lock = std::fs::File::create(
-        weft_plugin_host::testing::wasm_target_dir().join(".weft-build.lock"),
-    )
-    .expect("build lock");
-    lock.lock().expect("lock");
-    let bytes = std::fs::read(wasm).expect("read plugin");
-    drop(lock);
     let mut spec = (*common::policy(name, wasm, config)).clone();
-    spec.source = weft_state::PluginSource::Inline(Arc::new(bytes));
+    spec.source = common::pinned_code(wasm);
     Arc::new(spec)
 }
 
