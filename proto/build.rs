@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from("proto");
-    let files = [root.join("istio/ca.proto")];
+    let files = [root.join("istio/ca.proto"), root.join("istio/zds.proto")];
     for f in &files {
         println!("cargo:rerun-if-changed={}", f.display());
     }

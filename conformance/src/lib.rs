@@ -1,8 +1,10 @@
 //! weft's end-to-end suite: helpers that build a two-node mesh of real weft processes on 127.0.N.x (one subnet per
 //! test, so tests run in parallel), with echo workloads; the tests live in `tests/`.
 
+pub mod cni;
 pub mod load;
 pub mod netmesh;
+pub mod podmesh;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};

@@ -8,6 +8,11 @@ pub mod istio_ca {
     tonic::include_proto!("istio.v1.auth");
 }
 
+/// ZDS (`istio.workload.zds`): the CNI node agent hands meshed pods and their network namespaces to the node proxy.
+pub mod zds {
+    tonic::include_proto!("istio.workload.zds");
+}
+
 /// The request-metadata key a node proxy uses to ask for a workload's identity rather than its own.
 pub const IMPERSONATED_IDENTITY: &str = "ImpersonatedIdentity";
 

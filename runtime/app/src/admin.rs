@@ -24,6 +24,8 @@ pub struct Node {
     pub state: Arc<StateStore>,
     pub identity: Arc<SecretManager>,
     pub proxy: std::sync::OnceLock<Arc<Proxy>>,
+    /// In-pod mode: the pods weft serves (`None` in node mode).
+    pub inpod: Option<Arc<weft_inpod::Status>>,
     pub registry: Registry,
     pub logs: LogControl,
     pub quit: CancellationToken,
@@ -47,6 +49,7 @@ impl AdminHandler for Node {
             "policies": s.policies.values().map(|v| serde_json::to_value(v.as_ref()).unwrap_or_default()).collect::<Vec<_>>(),
             "certificates": self.identity.dump(),
             "plugins": (self.plugins)(),
+            "inpod": self.inpod.as_ref().map(|p| p.dump()),
             "connections": {
                 "live": self.proxy.get().map(|p| p.tracker().len()).unwrap_or(0),
                 "pooledHbone": self.proxy.get().map(|p| p.pooled_connections()).unwrap_or(0),
@@ -60,8 +63,13 @@ impl AdminHandler for Node {
         if !self.state.is_loaded() {
             pending.push("config not loaded".to_owned());
         }
-        if !self.proxy.get().is_some_and(|p| p.is_ready()) {
-            pending.push("listeners not up".to_owned());
+        match &self.inpod {
+            Some(p) => pending.extend(p.not_ready()),
+            None => {
+                if !self.proxy.get().is_some_and(|p| p.is_ready()) {
+                    pending.push("listeners not up".to_owned());
+                }
+            }
         }
         // Like ztunnel: not ready until every local HBONE workload has its certificate.
         let local: BTreeSet<String> = self
@@ -69,6 +77,11 @@ impl AdminHandler for Node {
             .current()
             .local_workloads(&self.node)
             .filter(|w| w.protocol == TunnelProtocol::Hbone)
+            .filter(|w| {
+                self.inpod
+                    .as_ref()
+                    .is_none_or(|p| crate::inpod::InPod::serves(p, &self.node, w))
+            })
             .map(|w| w.spiffe_id())
             .collect();
         let have: BTreeSet<String> = self

@@ -20,6 +20,14 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the node proxy.
+    ///
+    /// Two modes (--mode, env WEFT_MODE). node (the default): weft's listeners (15001 outbound capture, 15006
+    /// inbound plaintext, 15008 HBONE, 15080 SOCKS5) live in weft's own network namespace and the node's capture
+    /// rules send workload traffic to them (a dev mesh, a VM, the demo). inpod (Istio ambient's model, a drop-in
+    /// for ztunnel next to istio-cni): the CNI node agent installs capture rules inside each meshed pod and hands
+    /// the pod's network namespace to weft over the ZDS socket (--inpod-uds); weft opens 15001, 15006 and 15008
+    /// inside the pod (with SO_REUSEPORT unless --inpod-port-reuse false, so an upgrade can overlap), dials out
+    /// from the pod's own address, and drains a pod when the agent deletes it.
     Run(Box<RunArgs>),
     /// Certificate authority helpers.
     #[command(subcommand)]
@@ -127,6 +135,9 @@ pub struct RunArgs {
     /// Which CA signs workload certificates, and how to reach it.
     #[command(flatten)]
     pub ca: CaArgs,
+    /// Node mode or in-pod mode.
+    #[command(flatten)]
+    pub inpod: crate::inpod::InpodArgs,
     /// Lifetime of workload certificates.
     #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
     pub cert_validity: Duration,

@@ -5,6 +5,7 @@ pub mod admin;
 pub mod cli;
 pub mod default_plugins;
 pub mod demo;
+pub mod inpod;
 pub mod logging;
 pub mod run;
 

@@ -48,12 +48,18 @@ fn proxy_config(a: &RunArgs) -> ProxyConfig {
     c
 }
 
-/// Identities of the HBONE workloads on this node: the only ones this node may hold certificates for.
-fn local_identities(state: &StateStore, node: &str) -> HashSet<SpiffeId> {
+/// Identities of the HBONE workloads on this node (in-pod mode: of the pods weft serves): the only ones this
+/// node may hold certificates for.
+fn local_identities(
+    state: &StateStore,
+    node: &str,
+    inpod: Option<&weft_inpod::Status>,
+) -> HashSet<SpiffeId> {
     state
         .current()
         .local_workloads(node)
         .filter(|w| w.protocol == TunnelProtocol::Hbone)
+        .filter(|w| inpod.is_none_or(|p| crate::inpod::InPod::serves(p, node, w)))
         .filter_map(
             |w| match SpiffeId::new(&w.trust_domain, &w.namespace, &w.service_account) {
                 Ok(id) => Some(id),
@@ -150,6 +156,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut registry = Registry::default();
     metrics.register(&mut registry);
     host.register_metrics(&mut registry);
+    let inpod_status = (args.inpod.mode == crate::inpod::Mode::Inpod)
+        .then(|| Arc::new(weft_inpod::Status::default()));
+    if let Some(s) = &inpod_status {
+        s.register(&mut registry);
+    }
     registry.register_collector(Box::new(NodeCollector {
         state: state.clone(),
         identity: identity.clone(),
@@ -160,6 +171,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         state: state.clone(),
         identity: identity.clone(),
         proxy: std::sync::OnceLock::new(),
+        inpod: inpod_status.clone(),
         registry,
         logs,
         quit: quit.clone(),
@@ -174,7 +186,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     control.block_on(async {
         let _watch = weft_state::watch_file(args.config.clone(), state.clone(), args.config_poll);
         let _refresh = identity.spawn_refresher(Duration::from_secs(1));
-        identity.retain(&local_identities(&state, &args.node));
+        identity.retain(&local_identities(&state, &args.node, inpod_status.as_deref()));
         // Plugins load before the first connection is accepted; later config versions are applied in order.
         apply_plugins(&host, &state.current(), args.default_plugins).await;
         {
@@ -189,9 +201,25 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         {
             let (state, identity, node_name) = (state.clone(), identity.clone(), args.node.clone());
             let mut rx = state.subscribe();
+            let inpod = inpod_status.clone();
+            let mut pods = inpod.as_ref().map(|s| s.subscribe());
             tokio::spawn(async move {
-                while rx.changed().await.is_ok() {
-                    identity.retain(&local_identities(&state, &node_name));
+                loop {
+                    // In-pod mode: the set also changes when pods come and go.
+                    let pods_changed = async {
+                        match pods.as_mut() {
+                            Some(p) => p.changed().await.is_ok(),
+                            None => std::future::pending().await,
+                        }
+                    };
+                    let alive = tokio::select! {
+                        r = rx.changed() => r.is_ok(),
+                        ok = pods_changed => ok,
+                    };
+                    if !alive {
+                        return;
+                    }
+                    identity.retain(&local_identities(&state, &node_name, inpod.as_deref()));
                 }
             });
         }
@@ -206,17 +234,34 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
                 weft_admin::serve(which, addr, handler.clone(), stop_admin.clone()).await?;
             }
         }
-        let proxy = data
-            .spawn(Proxy::start(
+        // In-pod mode: no shared listeners, one data path per pod the CNI node agent hands over.
+        let mut inpod = None;
+        let mut proxy = None;
+        if let Some(status) = &inpod_status {
+            inpod = Some(crate::inpod::InPod::start(
+                &args.inpod,
                 pcfg,
                 state.clone(),
                 identity.clone(),
                 hooks,
                 metrics,
-            ))
-            .await
-            .context("data path task")??;
-        let _ = node.proxy.set(proxy.clone());
+                status.clone(),
+                data.handle().clone(),
+            )?);
+        } else {
+            let p = data
+                .spawn(Proxy::start(
+                    pcfg,
+                    state.clone(),
+                    identity.clone(),
+                    hooks,
+                    metrics,
+                ))
+                .await
+                .context("data path task")??;
+            let _ = node.proxy.set(p.clone());
+            proxy = Some(p);
+        }
         tracing::info!("weft ready to serve");
 
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -225,7 +270,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             r = tokio::signal::ctrl_c() => { r?; tracing::info!("SIGINT received") }
             () = quit.cancelled() => tracing::info!("/quitquitquit received"),
         }
-        data.spawn(async move { proxy.drain().await }).await?;
+        if let Some(proxy) = proxy {
+            data.spawn(async move { proxy.drain().await }).await?;
+        }
+        if let Some(inpod) = inpod {
+            inpod.drain().await;
+        }
         stop_admin.cancel();
         anyhow::Ok(())
     })?;

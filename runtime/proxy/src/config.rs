@@ -33,6 +33,34 @@ pub enum InboundBind {
     Disabled,
 }
 
+/// The one pod a per-pod data path (in-pod mode) serves, as the CNI node agent named it.
+///
+/// A workload of the mesh state is this pod when it runs on this node and either has the pod's uid or the pod's
+/// name, namespace and service account (as ztunnel matches a ZDS pod to its xDS workload: the agent sends the
+/// Kubernetes pod uid, istiod names workloads `<cluster>//Pod/<namespace>/<name>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalPod {
+    /// The pod uid the agent sent.
+    pub uid: String,
+    /// Pod name.
+    pub name: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Service account.
+    pub service_account: String,
+}
+
+impl LocalPod {
+    /// Whether `w` is this pod (on node `node`).
+    pub fn matches(&self, node: &str, w: &weft_state::Workload) -> bool {
+        w.node == node
+            && (w.uid == self.uid
+                || (w.name == self.name
+                    && w.namespace == self.namespace
+                    && w.service_account == self.service_account))
+    }
+}
+
 /// Data-path configuration.
 #[derive(Debug, Clone)]
 pub struct ProxyConfig {
@@ -67,6 +95,11 @@ pub struct ProxyConfig {
     /// connection counts once however many streams it carries); `None` = unlimited. A connection over the cap is
     /// closed at once, logged (rate-limited) and counted in `weft_listener_connections_refused_total`.
     pub max_connections_per_listener: Option<usize>,
+    /// In-pod mode: the one pod this data path serves (its listeners live in the pod's network namespace). `None`:
+    /// shared-node mode, every workload whose `node` is this node is local.
+    pub pod: Option<LocalPod>,
+    /// Listeners set `SO_REUSEPORT`, so a second weft can serve the same addresses during an upgrade.
+    pub reuse_port: bool,
     /// HTTP/2 settings.
     pub h2: H2Config,
     /// HBONE connection pool settings.
@@ -91,6 +124,8 @@ impl ProxyConfig {
             idle_timeout: Duration::from_secs(3600),
             drain_deadline: Duration::from_secs(5),
             max_connections_per_listener: Some(DEFAULT_MAX_CONNECTIONS_PER_LISTENER),
+            pod: None,
+            reuse_port: false,
             h2: H2Config::default(),
             pool: PoolConfig::default(),
         }

@@ -156,7 +156,7 @@ impl Inner {
         let dst = record.dst;
         let r = tokio::time::timeout(
             self.cfg.connect_timeout,
-            crate::socket::connect(dst, self.cfg.mark, None),
+            self.dial(dst, None),
         )
         .await;
         let error = match r {

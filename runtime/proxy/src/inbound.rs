@@ -28,7 +28,7 @@ impl Inner {
         let state = self.state.current();
         let Some(wl) = state
             .workload_by_ip(local.ip())
-            .filter(|w| w.node == self.cfg.node && w.protocol == TunnelProtocol::Hbone)
+            .filter(|w| self.is_local(w) && w.protocol == TunnelProtocol::Hbone)
             .cloned()
         else {
             self.metrics.fail("inbound", "unknown_local_address");
@@ -145,7 +145,7 @@ impl Inner {
         let state = self.state.current();
         let Some(dst_wl) = state
             .workload_by_ip(dst.ip())
-            .filter(|w| w.node == self.cfg.node)
+            .filter(|w| self.is_local(w))
             .cloned()
         else {
             return reject(

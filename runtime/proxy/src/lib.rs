@@ -31,7 +31,8 @@ use weft_hooks::ConnectionHooks;
 use weft_identity::SecretManager;
 use weft_state::{StateStore, TunnelProtocol};
 
-pub use config::{InboundBind, ProxyConfig};
+pub use config::{InboundBind, LocalPod, ProxyConfig};
+pub use socket::SocketFactory;
 pub use metrics::ProxyMetrics;
 pub use outbound::PoolKey;
 pub use tracker::ConnTracker;
@@ -62,6 +63,27 @@ pub(crate) struct Inner {
     pub(crate) metrics: Arc<ProxyMetrics>,
     /// Cancelled when the node drains: listeners stop, HBONE servers send GOAWAY.
     pub(crate) drain: CancellationToken,
+    /// Where sockets are created (in-pod mode: inside the pod's network namespace); `None`: weft's own namespace.
+    pub(crate) sockets: Option<Arc<dyn SocketFactory>>,
+}
+
+impl Inner {
+    /// Whether `w` is a workload this data path serves: the pod (in-pod mode), or any workload on this node.
+    pub(crate) fn is_local(&self, w: &weft_state::Workload) -> bool {
+        match &self.cfg.pod {
+            Some(pod) => pod.matches(&self.cfg.node, w),
+            None => w.node == self.cfg.node,
+        }
+    }
+
+    /// Connect to `dst` with a socket from this data path's namespace.
+    pub(crate) async fn dial(
+        &self,
+        dst: SocketAddr,
+        src_ip: Option<std::net::IpAddr>,
+    ) -> std::io::Result<TcpStream> {
+        socket::connect_via(self.sockets.as_deref(), dst, self.cfg.mark, src_ip).await
+    }
 }
 
 /// The running data path.
@@ -89,6 +111,19 @@ impl Proxy {
         hooks: Arc<dyn ConnectionHooks>,
         metrics: Arc<ProxyMetrics>,
     ) -> Result<Arc<Self>, ProxyError> {
+        Self::start_with(cfg, state, identity, hooks, metrics, None).await
+    }
+
+    /// [`Proxy::start`] with every socket (listeners and outgoing connections) created by `sockets`: a per-pod
+    /// data path in in-pod mode. With `sockets`, the inbound HBONE listener must be a fixed address.
+    pub async fn start_with(
+        cfg: ProxyConfig,
+        state: Arc<StateStore>,
+        identity: Arc<SecretManager>,
+        hooks: Arc<dyn ConnectionHooks>,
+        metrics: Arc<ProxyMetrics>,
+        sockets: Option<Arc<dyn SocketFactory>>,
+    ) -> Result<Arc<Self>, ProxyError> {
         let inner = Arc::new(Inner {
             pool: weft_hbone::Pool::new(cfg.pool.clone()),
             cfg,
@@ -98,6 +133,7 @@ impl Proxy {
             tracker: Arc::new(ConnTracker::default()),
             metrics,
             drain: CancellationToken::new(),
+            sockets,
         });
         let proxy = Arc::new(Self {
             inner: inner.clone(),
@@ -106,6 +142,38 @@ impl Proxy {
             ready: AtomicBool::new(false),
         });
         let c = &inner.cfg;
+        if let Some(f) = inner.sockets.clone() {
+            let listeners = [
+                ("outbound", c.outbound_addr),
+                ("socks5", c.socks5_addr),
+                ("inbound_plaintext", c.inbound_plaintext_addr),
+                (
+                    "inbound_hbone",
+                    match c.inbound {
+                        InboundBind::Addr(a) => Some(a),
+                        _ => None,
+                    },
+                ),
+            ];
+            for (what, addr) in listeners {
+                let Some(addr) = addr else { continue };
+                let lis = async {
+                    let sock = f.tcp_socket(socket2::Domain::for_address(addr)).await?;
+                    socket::listen_socket(sock, addr, c.reuse_port, c.mark)
+                }
+                .await
+                .map_err(|source| ProxyError::Bind { what, addr, source })?;
+                match what {
+                    "outbound" => proxy.serve(what, addr, lis, Inner::handle_captured),
+                    "socks5" => proxy.serve(what, addr, lis, Inner::handle_socks5),
+                    "inbound_plaintext" => proxy.serve(what, addr, lis, Inner::handle_plaintext),
+                    _ => proxy.serve(what, addr, lis, Inner::handle_hbone_conn),
+                }
+            }
+            proxy.spawn_rechecker();
+            proxy.ready.store(true, Ordering::Release);
+            return Ok(proxy);
+        }
         if let Some(a) = c.outbound_addr {
             proxy.listen("outbound", a, Inner::handle_captured)?;
         }
@@ -150,6 +218,16 @@ impl Proxy {
         Fut: Future<Output = ()> + Send + 'static,
     {
         let lis = socket::listen(addr).map_err(|source| ProxyError::Bind { what, addr, source })?;
+        self.serve(what, addr, lis, handler);
+        Ok(())
+    }
+
+    /// Accept on a bound listener.
+    fn serve<F, Fut>(self: &Arc<Self>, what: &'static str, addr: SocketAddr, lis: TcpListener, handler: F)
+    where
+        F: Fn(Arc<Inner>, TcpStream, SocketAddr) -> Fut + Send + Sync + Copy + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
         let actual = lis.local_addr().unwrap_or(addr);
         tracing::info!(listener = what, addr = %actual, "listening");
         let task = tokio::spawn(accept_loop(self.inner.clone(), lis, what, handler));
@@ -158,7 +236,6 @@ impl Proxy {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push((what, actual));
-        Ok(())
     }
 
     fn lock_listeners(

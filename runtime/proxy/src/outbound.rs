@@ -209,7 +209,7 @@ impl Inner {
         let state = self.state.current();
         let src_wl = state
             .workload_by_ip(src.ip())
-            .filter(|w| w.node == self.cfg.node)
+            .filter(|w| self.is_local(w))
             .cloned();
         let mut record = ConnectionRecord {
             id: self.tracker.next_id(),
@@ -282,7 +282,7 @@ impl Inner {
                 let addr = resolved.addr;
                 let conn = match tokio::time::timeout(
                     self.cfg.connect_timeout,
-                    socket::connect(addr, self.cfg.mark, bind),
+                    self.dial(addr, bind),
                 )
                 .await
                 {
@@ -402,7 +402,7 @@ impl Inner {
                 .client_config(expected)
                 .map_err(|source| DialError::TlsConfig { addr, source })?;
             let work = async {
-                let tcp = socket::connect(addr, me.cfg.mark, src_ip)
+                let tcp = me.dial(addr, src_ip)
                     .await
                     .map_err(|source| DialError::Tcp { addr, source })?;
                 let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());

@@ -31,7 +31,7 @@ impl Inner {
         let state = self.state.current();
         let Some(dst_wl) = state
             .workload_by_ip(dst.ip())
-            .filter(|w| w.node == self.cfg.node)
+            .filter(|w| self.is_local(w))
             .cloned()
         else {
             self.metrics.fail("inbound", "unknown_destination");

@@ -96,6 +96,7 @@ pub(crate) fn inner(
         tracker: Arc::new(ConnTracker::default()),
         metrics: Arc::new(ProxyMetrics::default()),
         drain: CancellationToken::new(),
+        sockets: None,
     })
 }
 

@@ -1,0 +1,316 @@
+//! In-pod mode end to end: pods are network namespaces with istio-cni's capture rules, a test-side CNI agent hands
+//! them to weft over ZDS (a real Unix socket, real namespace descriptors), and weft serves each pod from inside its
+//! namespace. Needs root (CI runs as root).
+#![allow(clippy::unwrap_used)] // a test panics to fail
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use weft_conformance::cni::Agent;
+use weft_conformance::eventually;
+use weft_conformance::podmesh::{Nodes, PodNs, mesh_yaml};
+use weft_devmesh::{NodeOptions, NodeProcess, workload};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Start `weft run --mode inpod` in `node_ns` against the agent at `uds`.
+fn spawn_weft(name: &str, node_ns: &str, control_ip: &str, dir: &Path, uds: &Path, log_name: &str) -> NodeProcess {
+    let weft = weft_devmesh::weft_binary().unwrap();
+    let opts = NodeOptions {
+        name: name.into(),
+        control_ip: control_ip.parse().unwrap(),
+        config: dir.join("mesh.yaml"),
+        ca_dir: dir.join("ca"),
+        log_path: dir.join(format!("{log_name}.log")),
+        netns: Some(node_ns.into()),
+        extra: vec![
+            "--mode".into(),
+            "inpod".into(),
+            "--inpod-uds".into(),
+            uds.display().to_string(),
+        ],
+        log: "info".into(),
+    };
+    NodeProcess::spawn(&weft, &opts).unwrap()
+}
+
+/// An echo server on `pod`'s address, port 8080, running on a thread inside the pod's namespace.
+fn echo_in(pod: &PodNs) -> SocketAddr {
+    let addr = SocketAddr::from((pod.ip, 8080));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let _ = pod.ns.run(move || async move {
+        let (_, t) = workload::echo_server(addr).await.unwrap();
+        tx.send(()).unwrap();
+        let _ = t.await;
+    });
+    rx.recv_timeout(WAIT).unwrap();
+    addr
+}
+
+/// One round trip from inside `pod` to `dst` with an unmodified client (capture applies).
+async fn round_trip_from(pod: &PodNs, dst: SocketAddr, payload: Vec<u8>) -> std::io::Result<Vec<u8>> {
+    let h = pod.ns.run(move || async move {
+        let s = tokio::net::TcpStream::connect(dst).await?;
+        workload::round_trip(s, &payload).await
+    });
+    tokio::task::spawn_blocking(move || h.join())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap()
+}
+
+struct Mesh {
+    nodes: Nodes,
+    client: PodNs,
+    server: PodNs,
+    dir: tempfile::TempDir,
+    agent_a: Agent,
+    agent_b: Agent,
+}
+
+/// Two nodes, a client pod on A and a server pod on B, both agents knowing their node's pod.
+fn mesh(tag: &str, net: u8) -> Mesh {
+    let nodes = Nodes::create(tag, net).expect("network namespaces (needs root)");
+    let client = nodes.pod(false, 1, "client", "client").unwrap();
+    let server = nodes.pod(true, 1, "echo", "echo").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    weft_devmesh::write_dev_ca(&dir.path().join("ca"), "cluster.local").unwrap();
+    std::fs::write(
+        dir.path().join("mesh.yaml"),
+        mesh_yaml(&[(&client, "node-a"), (&server, "node-b")]),
+    )
+    .unwrap();
+    let agent_a = Agent::start(&dir.path().join("a.sock")).unwrap();
+    let agent_b = Agent::start(&dir.path().join("b.sock")).unwrap();
+    agent_a.know_pod(client.agent_pod());
+    agent_b.know_pod(server.agent_pod());
+    Mesh {
+        nodes,
+        client,
+        server,
+        dir,
+        agent_a,
+        agent_b,
+    }
+}
+
+impl Mesh {
+    async fn start_node(&self, b: bool, control_ip: &str, log: &str) -> NodeProcess {
+        let (name, ns, agent) = if b {
+            ("node-b", &self.nodes.b, &self.agent_b)
+        } else {
+            ("node-a", &self.nodes.a, &self.agent_a)
+        };
+        let mut n = spawn_weft(name, &ns.name, control_ip, self.dir.path(), &agent.path, log);
+        n.wait_ready(WAIT).await.unwrap();
+        n
+    }
+}
+
+fn pods_in_dump(dump: &serde_json::Value) -> Vec<(String, String)> {
+    dump["inpod"]["pods"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|p| (p["name"].as_str().unwrap_or("").to_owned(), p["state"].as_str().unwrap_or("").to_owned()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_to_pod_over_hbone_with_both_identities_and_direct_hbone() {
+    let m = mesh("ia", 231);
+    let a = m.start_node(false, "127.0.0.1", "a").await;
+    let b = m.start_node(true, "127.0.0.1", "b").await;
+    let dst = echo_in(&m.server);
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    let back = round_trip_from(&m.client, dst, data.clone()).await.unwrap();
+    assert!(back == data, "echo corrupted: {} bytes back", back.len());
+
+    // Node B terminated HBONE inside the server pod: the peer is the client pod's own address and identity.
+    let inbound = eventually(WAIT, "node B inbound access log", || async {
+        b.access_logs().into_iter().find(|l| l["direction"] == "inbound")
+    })
+    .await;
+    assert_eq!(inbound["src.identity"], "spiffe://cluster.local/ns/default/sa/client", "{inbound}");
+    assert!(
+        inbound["src.addr"].as_str().unwrap().starts_with(&format!("{}:", m.client.ip)),
+        "source must be the client pod's own address: {inbound}"
+    );
+    assert_eq!(inbound["dst.addr"], dst.to_string());
+    // Node A dialled the server pod's 15008 and accepted only the server's identity.
+    let outbound = eventually(WAIT, "node A outbound access log", || async {
+        a.access_logs().into_iter().find(|l| l["direction"] == "outbound")
+    })
+    .await;
+    assert_eq!(outbound["dst.identity"], "spiffe://cluster.local/ns/default/sa/echo", "{outbound}");
+    assert_eq!(outbound["dst.hbone_addr"], format!("{}:15008", m.server.ip), "{outbound}");
+
+    // config_dump and metrics show the pod served.
+    let dump = a.config_dump().await.unwrap();
+    assert_eq!(pods_in_dump(&dump), vec![("client".to_owned(), "serving".to_owned())], "{dump}");
+    assert_eq!(dump["inpod"]["connected"], true);
+    let metrics = a.scrape().await.unwrap();
+    assert_eq!(weft_conformance::metric_sum(&metrics, "weft_inpod_pods{state=\"serving\"}"), 1.0, "{metrics}");
+
+    // A direct HBONE connection into the server pod's 15008, from node A's namespace, with the client's certificate.
+    let ca = m.dir.path().join("ca");
+    let server_ip = m.server.ip;
+    let h = m.nodes.a.run(move || async move {
+        direct_hbone(&ca, SocketAddr::from((server_ip, 15008)), dst, b"direct").await
+    });
+    let r = tokio::task::spawn_blocking(move || h.join()).await.unwrap().unwrap().unwrap();
+    assert_eq!(r.unwrap(), b"direct");
+    let inbound = eventually(WAIT, "the direct tunnel's access log", || async {
+        b.access_logs()
+            .into_iter()
+            .find(|l| l["direction"] == "inbound" && l["src.addr"].as_str().is_some_and(|a| a.starts_with("10.231.0.1:")))
+    })
+    .await;
+    assert_eq!(inbound["src.identity"], "spiffe://cluster.local/ns/default/sa/client", "{inbound}");
+}
+
+/// HBONE by hand: TLS with the client's certificate (from the dev CA), accepting only the echo identity, one
+/// CONNECT to `dst`, `payload` echoed back.
+async fn direct_hbone(ca: &Path, hbone: SocketAddr, dst: SocketAddr, payload: &[u8]) -> Result<Vec<u8>, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use weft_identity::{LocalCa, ManagerConfig, SecretManager, SpiffeId};
+    let ca = LocalCa::from_dir(ca).map_err(|e| e.to_string())?;
+    let ids = SecretManager::new(std::sync::Arc::new(ca), ManagerConfig::default());
+    let cert = ids
+        .fetch(&"spiffe://cluster.local/ns/default/sa/client".parse::<SpiffeId>().unwrap())
+        .await
+        .map_err(|e| e.to_string())?;
+    let echo: SpiffeId = "spiffe://cluster.local/ns/default/sa/echo".parse().unwrap();
+    let cfg = cert.client_config(vec![echo]).map_err(|e| e.to_string())?;
+    let tcp = tokio::net::TcpStream::connect(hbone).await.map_err(|e| e.to_string())?;
+    let tls = tokio_rustls::TlsConnector::from(cfg)
+        .connect(rustls::pki_types::ServerName::IpAddress(hbone.ip().into()), tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let h2 = weft_hbone::handshake(tls, &weft_hbone::H2Config::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut stream, _) = h2
+        .connect(weft_hbone::ConnectRequest::new(&dst.to_string()))
+        .await
+        .map_err(|e| e.to_string())?;
+    stream.write_all(payload).await.map_err(|e| e.to_string())?;
+    stream.shutdown().await.map_err(|e| e.to_string())?;
+    let mut back = Vec::new();
+    stream.read_to_end(&mut back).await.map_err(|e| e.to_string())?;
+    Ok(back)
+}
+
+/// Whether a TCP connection to `addr` from inside `ns` is accepted (a listener is there).
+async fn listening(ns: &weft_devmesh::netns::Netns, addr: SocketAddr) -> bool {
+    let h = ns.run(move || async move {
+        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        // Marked, so the pod's own capture rules (when `ns` is a pod) do not redirect the probe.
+        sock.set_mark(weft_conformance::podmesh::INPOD_MARK).unwrap();
+        sock.set_nonblocking(true).unwrap();
+        let tcp = tokio::net::TcpSocket::from_std_stream(std::net::TcpStream::from(sock));
+        tcp.connect(addr).await.is_ok()
+    });
+    tokio::task::spawn_blocking(move || h.join()).await.unwrap().unwrap().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn del_workload_closes_the_pod_listeners_and_a_re_add_restores_them() {
+    let m = mesh("ib", 232);
+    let _a = m.start_node(false, "127.0.0.1", "a").await;
+    let b = m.start_node(true, "127.0.0.1", "b").await;
+    let dst = echo_in(&m.server);
+    let hbone = SocketAddr::from((m.server.ip, 15008));
+    assert_eq!(round_trip_from(&m.client, dst, b"before".to_vec()).await.unwrap(), b"before");
+    assert!(listening(&m.nodes.b, hbone).await);
+
+    assert_eq!(m.agent_b.del_pod(&m.server.uid).await, vec![Ok(String::new())]);
+    eventually(WAIT, "pod drained on node B", || async {
+        let d = b.config_dump().await.ok()?;
+        pods_in_dump(&d).is_empty().then_some(())
+    })
+    .await;
+    assert!(!listening(&m.nodes.b, hbone).await, "15008 must be closed in the deleted pod");
+    assert!(round_trip_from(&m.client, dst, b"while deleted".to_vec()).await.is_err());
+    let metrics = b.scrape().await.unwrap();
+    assert_eq!(weft_conformance::metric_sum(&metrics, "weft_inpod_pods_drained_total"), 1.0, "{metrics}");
+
+    assert_eq!(m.agent_b.add_pod(m.server.agent_pod()).await, Ok(String::new()));
+    assert!(listening(&m.nodes.b, hbone).await);
+    assert_eq!(round_trip_from(&m.client, dst, b"after".to_vec()).await.unwrap(), b"after");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_weft_gets_the_snapshot_again_and_serves_the_pod() {
+    let m = mesh("ic", 233);
+    let _a = m.start_node(false, "127.0.0.1", "a").await;
+    let mut b = m.start_node(true, "127.0.0.1", "b").await;
+    let dst = echo_in(&m.server);
+    assert_eq!(round_trip_from(&m.client, dst, b"one".to_vec()).await.unwrap(), b"one");
+    assert!(b.terminate(WAIT).await, "weft exits on SIGTERM after draining");
+    m.agent_b.wait("the old connection to end", |e| e.closed >= 1).await;
+    assert!(!listening(&m.nodes.b, SocketAddr::from((m.server.ip, 15008))).await);
+
+    let b2 = m.start_node(true, "127.0.0.1", "b2").await;
+    let ev = m.agent_b.wait("a second snapshot", |e| e.snapshots >= 2).await;
+    assert_eq!((ev.accepted, ev.error_acks), (2, 0), "{ev:?}");
+    assert_eq!(round_trip_from(&m.client, dst, b"two".to_vec()).await.unwrap(), b"two");
+    let d = b2.config_dump().await.unwrap();
+    assert_eq!(pods_in_dump(&d), vec![("echo".to_owned(), "serving".to_owned())], "{d}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_message_gets_an_error_ack_and_other_pods_keep_serving() {
+    let m = mesh("id", 234);
+    let _a = m.start_node(false, "127.0.0.1", "a").await;
+    let second = m.nodes.pod(true, 2, "echo2", "echo").unwrap();
+    let b = m.start_node(true, "127.0.0.1", "b").await;
+    assert_eq!(m.agent_b.add_pod(second.agent_pod()).await, Ok(String::new()));
+    let dst = echo_in(&m.server);
+    let hbone2 = SocketAddr::from((second.ip, 15008));
+    assert!(listening(&m.nodes.b, hbone2).await);
+
+    // A long-lived connection through the first pod, open across everything below.
+    let (to_conn, mut rx_conn) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+    let (from_conn, mut echoed) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+    let _long = m.client.ns.run(move || async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(dst).await.unwrap();
+        while let Some(msg) = rx_conn.recv().await {
+            s.write_all(&msg).await.unwrap();
+            let mut back = vec![0; msg.len()];
+            s.read_exact(&mut back).await.unwrap();
+            from_conn.send(back).await.unwrap();
+        }
+    });
+    to_conn.send(b"ping 1".to_vec()).await.unwrap();
+    assert_eq!(echoed.recv().await.unwrap(), b"ping 1");
+
+    // The agent loses the second pod while weft is disconnected, then sends garbage.
+    m.agent_b.forget_pod(&second.uid);
+    let err = m.agent_b.send_raw(vec![0xff, 0x01, 0x02], None).await.unwrap();
+    assert!(err.starts_with("failure to read message"), "{err}");
+    // weft reconnects; the snapshot has the first pod only, so the second one is removed.
+    m.agent_b.wait("the snapshot after the reconnect", |e| e.snapshots >= 2).await;
+    eventually(WAIT, "the second pod removed", || async {
+        let d = b.config_dump().await.ok()?;
+        (pods_in_dump(&d) == vec![("echo".to_owned(), "serving".to_owned())]).then_some(())
+    })
+    .await;
+    assert!(!listening(&m.nodes.b, hbone2).await);
+    // The first pod never stopped: the long-lived connection still works, new ones too.
+    to_conn.send(b"ping 2".to_vec()).await.unwrap();
+    assert_eq!(echoed.recv().await.unwrap(), b"ping 2");
+    assert_eq!(round_trip_from(&m.client, dst, b"new".to_vec()).await.unwrap(), b"new");
+    let metrics = b.scrape().await.unwrap();
+    assert_eq!(
+        weft_conformance::metric_sum(&metrics, "weft_inpod_zds_requests_total{kind=\"invalid\",result=\"error\"}"),
+        1.0,
+        "{metrics}"
+    );
+    assert!(b.log_lines().iter().any(|l| l["message"] == "invalid message from the CNI node agent"));
+}

@@ -1,0 +1,102 @@
+//! `weft run --mode inpod`: no shared listeners; the CNI node agent (istio-cni) hands each meshed pod's network
+//! namespace to weft over ZDS and weft serves the pod from inside it (`weft-inpod`). This module holds the flags
+//! and the wiring; `--mode node` (the default) is the shared-node mode of `run.rs`, unchanged.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+use weft_hooks::ConnectionHooks;
+use weft_identity::SecretManager;
+use weft_inpod::{Manager, ProxyPods, Status};
+use weft_proxy::{ProxyConfig, ProxyMetrics};
+use weft_state::{StateStore, Workload};
+
+/// How weft gets at workload traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Shared-node mode: weft's listeners (15001, 15006, 15008, 15080) live in weft's own network namespace and
+    /// the node's capture rules send workload traffic there.
+    Node,
+    /// In-pod mode (Istio ambient's model): the CNI node agent hands each meshed pod's network namespace to weft
+    /// over ZDS (--inpod-uds) and weft opens the pod's listeners (15001, 15006, 15008) inside it; the agent
+    /// installs the pod's capture rules. A drop-in for ztunnel next to istio-cni.
+    Inpod,
+}
+
+/// In-pod flags of `weft run`.
+#[derive(Debug, Args)]
+pub struct InpodArgs {
+    /// Node mode (shared listeners in weft's namespace) or in-pod mode (listeners inside each pod's namespace,
+    /// pods handed over by the CNI node agent).
+    #[arg(long, value_enum, env = "WEFT_MODE", default_value = "node")]
+    pub mode: Mode,
+    /// In-pod mode: the CNI node agent's ZDS socket (SOCK_SEQPACKET).
+    #[arg(long, env = "INPOD_UDS", default_value = weft_inpod::DEFAULT_UDS)]
+    pub inpod_uds: PathBuf,
+    /// In-pod mode: open pod listeners with SO_REUSEPORT, so a new weft can take over a pod while the old one
+    /// drains (upgrades without refused connections).
+    #[arg(long, env = "INPOD_PORT_REUSE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub inpod_port_reuse: bool,
+}
+
+/// The running in-pod side.
+pub struct InPod {
+    /// Pods and their state.
+    pub status: Arc<Status>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl InPod {
+    /// Whether `w` is one of the pods weft serves (or retries), on node `node`.
+    pub fn serves(status: &Status, node: &str, w: &Workload) -> bool {
+        status.local_pods().iter().any(|p| p.matches(node, w))
+    }
+
+    /// Start the ZDS client on the current (control) runtime; pods' data paths run on `data`. Fails at once if
+    /// weft cannot enter namespaces or mark sockets.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start(
+        args: &InpodArgs,
+        mut base: ProxyConfig,
+        state: Arc<StateStore>,
+        identity: Arc<SecretManager>,
+        hooks: Arc<dyn ConnectionHooks>,
+        metrics: Arc<ProxyMetrics>,
+        status: Arc<Status>,
+        data: tokio::runtime::Handle,
+    ) -> anyhow::Result<Self> {
+        // istio-cni's pod rules skip packets marked 0x539/0xfff: weft's sockets in pods carry it.
+        let mark = *base.mark.get_or_insert(weft_inpod::INPOD_MARK);
+        weft_inpod::netns::check_capabilities(Some(mark))?;
+        base.reuse_port = args.inpod_port_reuse;
+        let sets = Arc::new(ProxyPods {
+            base,
+            ports: weft_inpod::PodPorts::default(),
+            state,
+            identity,
+            hooks,
+            metrics,
+            data,
+        });
+        let stop = CancellationToken::new();
+        tracing::info!(uds = %args.inpod_uds.display(), port_reuse = args.inpod_port_reuse, mark = format!("{mark:#x}"), "in-pod mode: waiting for pods from the CNI node agent");
+        let task = tokio::spawn(weft_inpod::run(
+            args.inpod_uds.clone(),
+            Manager::new(sets, status.clone()),
+            status.clone(),
+            stop.clone(),
+        ));
+        Ok(Self { status, stop, task })
+    }
+
+    /// Stop reading from the agent and drain every pod (each with the SIGTERM drain rules).
+    pub async fn drain(self) {
+        self.stop.cancel();
+        if let Err(e) = self.task.await {
+            tracing::error!(error = %e, "in-pod client task");
+        }
+    }
+}

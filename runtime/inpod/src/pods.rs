@@ -1,0 +1,154 @@
+//! A pod's listener set: a weft data path of its own (15001 outbound capture, 15006 inbound plaintext, 15008
+//! HBONE) whose sockets, listeners and outgoing connections alike, are created inside the pod's network namespace
+//! by the pod's namespace thread. So outbound connections leave with the pod's own source address, and the
+//! listeners set `SO_REUSEPORT` (unless turned off) so a second weft can serve the pod during an upgrade. The
+//! data paths share the node's mesh state, certificates, plugins and metrics.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use weft_hooks::ConnectionHooks;
+use weft_identity::SecretManager;
+use weft_proxy::{InboundBind, LocalPod, Proxy, ProxyConfig, ProxyMetrics};
+use weft_state::StateStore;
+
+use crate::manager::ListenerSets;
+use crate::netns::{Netns, NetnsThread};
+use crate::protocol::PodInfo;
+use crate::status::Describe;
+
+/// Ports of a pod's listeners (ztunnel's).
+#[derive(Debug, Clone, Copy)]
+pub struct PodPorts {
+    /// Outbound capture.
+    pub outbound: u16,
+    /// Inbound plaintext capture.
+    pub inbound_plaintext: u16,
+    /// Inbound HBONE.
+    pub hbone: u16,
+}
+
+impl Default for PodPorts {
+    fn default() -> Self {
+        Self {
+            outbound: 15001,
+            inbound_plaintext: 15006,
+            hbone: 15008,
+        }
+    }
+}
+
+/// Opens per-pod data paths.
+pub struct ProxyPods {
+    /// The data-path settings every pod starts from (node name, mark, timeouts, drain deadline, reuse_port);
+    /// listener addresses and the pod are set per pod.
+    pub base: ProxyConfig,
+    /// Ports of each pod's listeners.
+    pub ports: PodPorts,
+    /// The mesh state.
+    pub state: Arc<StateStore>,
+    /// Certificates.
+    pub identity: Arc<SecretManager>,
+    /// Plugins.
+    pub hooks: Arc<dyn ConnectionHooks>,
+    /// Data-path metrics (shared by every pod).
+    pub metrics: Arc<ProxyMetrics>,
+    /// The data-path runtime: pods' listeners and connections run there.
+    pub data: tokio::runtime::Handle,
+}
+
+impl std::fmt::Debug for ProxyPods {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyPods").field("node", &self.base.node).finish_non_exhaustive()
+    }
+}
+
+/// One pod's open data path.
+pub struct PodListeners {
+    proxy: Arc<Proxy>,
+    thread: Arc<NetnsThread>,
+}
+
+impl PodListeners {
+    /// The pod's data path.
+    pub fn proxy(&self) -> &Arc<Proxy> {
+        &self.proxy
+    }
+}
+
+impl Describe for PodListeners {
+    fn describe(&self) -> Value {
+        json!({
+            "listeners": self.proxy.bound_addrs().iter().map(|(what, a)| json!({"listener": what, "addr": a.to_string()})).collect::<Vec<_>>(),
+            "liveConnections": self.proxy.tracker().len(),
+            "pooledHbone": self.proxy.pooled_connections(),
+            "netns": self.thread.netns_id().to_string(),
+        })
+    }
+}
+
+/// Whether IPv6 sockets work in the current namespace (then listeners bind `[::]` and take IPv4 too).
+fn ipv6_usable() -> bool {
+    let Ok(s) = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None) else {
+        return false;
+    };
+    let _ = s.set_only_v6(false);
+    s.bind(&SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0).into())
+        .is_ok()
+}
+
+impl ListenerSets for ProxyPods {
+    type Set = PodListeners;
+
+    async fn open(&self, pod: &PodInfo, netns: &Arc<Netns>) -> Result<Arc<PodListeners>, String> {
+        let short: String = pod.uid.chars().filter(char::is_ascii_alphanumeric).take(8).collect();
+        let thread = Arc::new(
+            NetnsThread::spawn(format!("weft-ns-{short}"), netns.clone()).map_err(|e| e.to_string())?,
+        );
+        let v6 = thread.run(ipv6_usable).await.map_err(|e| e.to_string())?;
+        let any = if v6 {
+            IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+        } else {
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+        };
+        let mut cfg = self.base.clone();
+        cfg.pod = Some(LocalPod {
+            uid: pod.uid.clone(),
+            name: pod.name.clone(),
+            namespace: pod.namespace.clone(),
+            service_account: pod.service_account.clone(),
+        });
+        cfg.outbound_addr = Some(SocketAddr::new(any, self.ports.outbound));
+        cfg.inbound_plaintext_addr = Some(SocketAddr::new(any, self.ports.inbound_plaintext));
+        cfg.inbound = InboundBind::Addr(SocketAddr::new(any, self.ports.hbone));
+        cfg.socks5_addr = None;
+        // The socket is in the pod's namespace: the kernel picks the pod's address as the source.
+        cfg.bind_source_ip = false;
+        let start = Proxy::start_with(
+            cfg,
+            self.state.clone(),
+            self.identity.clone(),
+            self.hooks.clone(),
+            self.metrics.clone(),
+            Some(thread.clone()),
+        );
+        let proxy = self
+            .data
+            .spawn(start)
+            .await
+            .map_err(|e| format!("data path task: {e}"))?
+            .map_err(|e| e.to_string())?;
+        Ok(Arc::new(PodListeners { proxy, thread }))
+    }
+
+    fn drain(&self, set: Arc<PodListeners>) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let data = self.data.clone();
+        async move {
+            let proxy = set.proxy.clone();
+            let _ = data.spawn(async move { proxy.drain().await }).await;
+            // The namespace thread ends with the last handle on it.
+            drop(set);
+        }
+    }
+}
