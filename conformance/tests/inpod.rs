@@ -15,7 +15,15 @@ use weft_devmesh::{NodeOptions, NodeProcess, workload};
 const WAIT: Duration = Duration::from_secs(30);
 
 /// Start `weft run --mode inpod` in `node_ns` against the agent at `uds`.
-fn spawn_weft(name: &str, node_ns: &str, control_ip: &str, dir: &Path, uds: &Path, log_name: &str) -> NodeProcess {
+fn spawn_weft(
+    name: &str,
+    node_ns: &str,
+    control_ip: &str,
+    dir: &Path,
+    uds: &Path,
+    log_name: &str,
+    more: &[&str],
+) -> NodeProcess {
     let weft = weft_devmesh::weft_binary().unwrap();
     let opts = NodeOptions {
         name: name.into(),
@@ -29,7 +37,10 @@ fn spawn_weft(name: &str, node_ns: &str, control_ip: &str, dir: &Path, uds: &Pat
             "inpod".into(),
             "--inpod-uds".into(),
             uds.display().to_string(),
-        ],
+        ]
+        .into_iter()
+        .chain(more.iter().map(|s| s.to_string()))
+        .collect(),
         log: "info".into(),
     };
     NodeProcess::spawn(&weft, &opts).unwrap()
@@ -98,12 +109,16 @@ fn mesh(tag: &str, net: u8) -> Mesh {
 
 impl Mesh {
     async fn start_node(&self, b: bool, control_ip: &str, log: &str) -> NodeProcess {
+        self.start_node_with(b, control_ip, log, &[]).await
+    }
+
+    async fn start_node_with(&self, b: bool, control_ip: &str, log: &str, more: &[&str]) -> NodeProcess {
         let (name, ns, agent) = if b {
             ("node-b", &self.nodes.b, &self.agent_b)
         } else {
             ("node-a", &self.nodes.a, &self.agent_a)
         };
-        let mut n = spawn_weft(name, &ns.name, control_ip, self.dir.path(), &agent.path, log);
+        let mut n = spawn_weft(name, &ns.name, control_ip, self.dir.path(), &agent.path, log, more);
         n.wait_ready(WAIT).await.unwrap();
         n
     }
@@ -235,7 +250,8 @@ async fn del_workload_closes_the_pod_listeners_and_a_re_add_restores_them() {
     })
     .await;
     assert!(!listening(&m.nodes.b, hbone).await, "15008 must be closed in the deleted pod");
-    assert!(round_trip_from(&m.client, dst, b"while deleted".to_vec()).await.is_err());
+    let r = round_trip_from(&m.client, dst, b"while deleted".to_vec()).await;
+    assert!(!matches!(&r, Ok(b) if b == b"while deleted"), "the deleted pod still served: {r:?}");
     let metrics = b.scrape().await.unwrap();
     assert_eq!(weft_conformance::metric_sum(&metrics, "weft_inpod_pods_drained_total"), 1.0, "{metrics}");
 
@@ -313,4 +329,123 @@ async fn a_malformed_message_gets_an_error_ack_and_other_pods_keep_serving() {
         "{metrics}"
     );
     assert!(b.log_lines().iter().any(|l| l["message"] == "invalid message from the CNI node agent"));
+}
+
+/// What a steady client saw: connections that worked and failed, and the failures' errors.
+#[derive(Debug, Default)]
+struct Tally {
+    ok: u64,
+    failed: u64,
+    errors: Vec<String>,
+}
+
+/// Upgrades with overlap, as a DaemonSet rollout does: a second weft starts on the node and receives the same pods
+/// from the agent (its listeners join the old ones' SO_REUSEPORT groups), then the old one gets SIGTERM, stops
+/// accepting and drains. A steady client (a new connection, one round trip, close, again) counts failures across
+/// an upgrade of the server's node and then of the client's node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_overlap_loses_no_connection() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let m = mesh("ie", 235);
+    let drain = ["--drain-deadline", "3s"];
+    let mut a1 = m.start_node_with(false, "127.0.0.1", "a1", &drain).await;
+    let mut b1 = m.start_node_with(true, "127.0.0.1", "b1", &drain).await;
+    let dst = echo_in(&m.server);
+
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (t, st) = (tally.clone(), stop.clone());
+    let client = m.client.ns.run(move || async move {
+        while !st.load(Ordering::Relaxed) {
+            let r = async {
+                let mut s = tokio::net::TcpStream::connect(dst).await?;
+                s.write_all(b"0123456789abcdef0123456789abcdef").await?;
+                let mut back = [0u8; 32];
+                s.read_exact(&mut back).await?;
+                std::io::Result::Ok(())
+            }
+            .await;
+            let mut t = t.lock().unwrap();
+            match r {
+                Ok(()) => t.ok += 1,
+                Err(e) => {
+                    t.failed += 1;
+                    t.errors.push(e.to_string());
+                }
+            }
+        }
+    });
+    // A long-lived connection opened before the upgrades: how long does it last?
+    let (ping_tx, mut ping_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let (pong_tx, mut pong_rx) = tokio::sync::mpsc::channel::<std::io::Result<()>>(1);
+    let _long = m.client.ns.run(move || async move {
+        let mut s = tokio::net::TcpStream::connect(dst).await.unwrap();
+        while ping_rx.recv().await.is_some() {
+            let r = async {
+                s.write_all(b"ping").await?;
+                let mut b = [0u8; 4];
+                s.read_exact(&mut b).await
+            }
+            .await
+            .map(|_| ());
+            let broken = r.is_err();
+            let _ = pong_tx.send(r).await;
+            if broken {
+                return;
+            }
+        }
+    });
+    ping_tx.send(()).await.unwrap();
+    pong_rx.recv().await.unwrap().unwrap();
+    let ok_now = || tally.lock().unwrap().ok;
+    let more = |n: u64| {
+        let target = ok_now() + n;
+        let tally = tally.clone();
+        async move {
+            eventually(WAIT, "steady client progress", || {
+                let ok = tally.lock().unwrap().ok;
+                async move { (ok >= target).then_some(()) }
+            })
+            .await
+        }
+    };
+    more(50).await;
+
+    let mut figures = Vec::new();
+    for (b, old) in [(true, &mut b1), (false, &mut a1)] {
+        let which = if b { "server node (15008 inbound)" } else { "client node (15001 outbound)" };
+        let agent = if b { &m.agent_b } else { &m.agent_a };
+        let before = agent.events().snapshots;
+        let t0 = std::time::Instant::now();
+        let new = m.start_node_with(b, "127.0.0.2", if b { "b2" } else { "a2" }, &drain).await;
+        agent.wait("the new instance's snapshot", |e| e.snapshots > before).await;
+        let new_ready = t0.elapsed();
+        more(50).await;
+        let t1 = std::time::Instant::now();
+        assert!(old.terminate(WAIT).await, "the old instance exits after its drain");
+        let old_exit = t1.elapsed();
+        more(50).await;
+        // The new instance served connections of its own.
+        let served_by_new = new.access_logs().len();
+        assert!(served_by_new > 0, "the new instance served nothing");
+        ping_tx.send(()).await.ok();
+        let long_lived = pong_rx.recv().await.map(|r| r.is_ok()).unwrap_or(false);
+        figures.push(format!(
+            "{which}: new instance ready {new_ready:?} after start, old instance exited {old_exit:?} after SIGTERM, \
+             {served_by_new} connections logged by the new one, long-lived connection {}",
+            if long_lived { "still up" } else { "closed" }
+        ));
+        *old = new;
+    }
+    stop.store(true, Ordering::Relaxed);
+    tokio::task::spawn_blocking(move || client.join()).await.unwrap().unwrap().unwrap();
+    let t = tally.lock().unwrap();
+    for f in &figures {
+        println!("upgrade: {f}");
+    }
+    println!("upgrade: steady client: {} connections ok, {} failed {:?}", t.ok, t.failed, t.errors);
+    assert_eq!(t.failed, 0, "connections failed across the upgrades: {:?}", t.errors);
 }

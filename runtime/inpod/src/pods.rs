@@ -98,6 +98,15 @@ fn ipv6_usable() -> bool {
         .is_ok()
 }
 
+/// Turn on `net.ipv4.tcp_migrate_req` in the current network namespace.
+pub(crate) fn enable_migrate_req() -> std::io::Result<()> {
+    const PATH: &str = "/proc/sys/net/ipv4/tcp_migrate_req";
+    if std::fs::read_to_string(PATH)?.trim() == "1" {
+        return Ok(());
+    }
+    std::fs::write(PATH, "1")
+}
+
 impl ListenerSets for ProxyPods {
     type Set = PodListeners;
 
@@ -107,6 +116,17 @@ impl ListenerSets for ProxyPods {
             NetnsThread::spawn(format!("weft-ns-{short}"), netns.clone()).map_err(|e| e.to_string())?,
         );
         let v6 = thread.run(ipv6_usable).await.map_err(|e| e.to_string())?;
+        if self.base.reuse_port {
+            // When the old weft of an upgrade closes its listeners, the kernel hands the connections still waiting
+            // in their accept queues to the new weft's listeners of the same SO_REUSEPORT group, instead of
+            // resetting them (net.ipv4.tcp_migrate_req, Linux 5.14+, per namespace: written from the pod's thread).
+            match thread.run(enable_migrate_req).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) | Err(e) => {
+                    tracing::warn!(uid = %pod.uid, error = %e, "cannot enable net.ipv4.tcp_migrate_req in the pod: an upgrade may reset connections queued on the old listeners")
+                }
+            }
+        }
         let any = if v6 {
             IpAddr::V6(Ipv6Addr::UNSPECIFIED)
         } else {

@@ -62,3 +62,15 @@ fn the_thread_ends_when_its_last_handle_goes() {
 fn capabilities_check_passes_as_root() {
     check_capabilities(Some(0x539)).unwrap();
 }
+
+#[tokio::test]
+async fn migrate_req_is_set_in_the_pod_namespace_only() {
+    let path = "/proc/sys/net/ipv4/tcp_migrate_req";
+    let host_before = std::fs::read_to_string(path).unwrap();
+    let ns = TestNs::new();
+    let t = NetnsThread::spawn("weft-ns-sysctl".into(), Arc::new(ns.open())).unwrap();
+    assert_eq!(t.run(|| std::fs::read_to_string(path).unwrap()).await.unwrap().trim(), "0");
+    t.run(crate::pods::enable_migrate_req).await.unwrap().unwrap();
+    assert_eq!(t.run(|| std::fs::read_to_string(path).unwrap()).await.unwrap().trim(), "1");
+    assert_eq!(std::fs::read_to_string(path).unwrap(), host_before);
+}
