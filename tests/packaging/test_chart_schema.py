@@ -28,7 +28,10 @@ BAD = {
     "trial without a node": ({"trial": {"enabled": True, "caSecretName": "ca"}}, "/trial"),
     "trial without a CA secret": ({"trial": {"enabled": True, "node": "n1"}}, "/trial"),
     "trial with a control plane": (
-        {"trial": {"enabled": True, "node": "n1", "caSecretName": "ca"}, "control": {"enabled": True}},
+        {
+            "trial": {"enabled": True, "node": "n1", "caSecretName": "ca"},
+            "control": {"enabled": True, "pluginsConfigMap": "p", "tls": {"secretName": "t"}},
+        },
         "/control/enabled",
     ),
     "no node left serving during a rollout": (
@@ -55,7 +58,14 @@ BAD = {
     "pod label value too long": ({"podLabels": {"a": "x" * 64}}, "/podLabels/a"),
     "toleration operator": ({"tolerations": [{"operator": "Maybe"}]}, "/tolerations/0/operator"),
     "resources with a bad quantity": ({"resources": {"requests": {"memory": "lots"}}}, "/resources/requests/memory"),
-    "control plane without plugins": ({"control": {"enabled": True}}, "/control/pluginsConfigMap"),
+    "control plane without plugins": (
+        {"control": {"enabled": True, "tls": {"secretName": "t"}}},
+        "/control/pluginsConfigMap",
+    ),
+    "control plane without its TLS Secret": (
+        {"control": {"enabled": True, "pluginsConfigMap": "p"}},
+        "/control/tls",
+    ),
     "control port": ({"control": {"port": 70000}}, "/control/port"),
     "podmonitor interval": ({"metrics": {"podMonitor": {"interval": "often"}}}, "/metrics/podMonitor/interval"),
     "imagePullSecrets as objects": ({"imagePullSecrets": [{"name": "regcred"}]}, "/imagePullSecrets/0"),

@@ -294,6 +294,23 @@ def test_control_plane(render):
     assert dep["spec"]["template"]["spec"]["serviceAccountName"] == "weft-control"
     c = dep["spec"]["template"]["spec"]["containers"][0]
     assert c["args"][0] == "control"
+    args = {a.split("=", 1)[0]: a.partition("=")[2] for a in c["args"][1:]}
+    assert args["--audience"] == "istio-ca", "the nodes present their istio-ca tokens"
+    assert args["--kube-api"] == "https://kubernetes.default.svc"
+    # Serving key, API server CA and its own token in one projected volume (owned by the pod's user).
+    creds = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}["credentials"]["projected"]
+    assert creds["defaultMode"] == 0o400
+    secret, kube_ca, token = creds["sources"]
+    assert secret["secret"]["name"] == "weft-control-tls"
+    assert {i["path"] for i in secret["secret"]["items"]} == {"tls.crt", "tls.key"}
+    assert kube_ca["configMap"]["name"] == "kube-root-ca.crt"
+    assert token["serviceAccountToken"]["path"] == "token" and "audience" not in token["serviceAccountToken"]
+    assert dep["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    assert {"--tls-cert", "--tls-key", "--kube-ca-file", "--kube-token-file"} <= set(args)
+    # Scraped on its own path.
+    monitors = render({**VARIANTS["control-plane"], "metrics": {"podMonitor": {"enabled": True}}}).objects
+    paths = {m["metadata"]["name"]: m["spec"]["podMetricsEndpoints"][0]["path"] for m in monitors if m["kind"] == "PodMonitor"}
+    assert paths == {"weft": "/stats/prometheus", "weft-control": "/metrics"}
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert dep["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
     # The nodes are pointed at it.

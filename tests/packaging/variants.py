@@ -47,7 +47,9 @@ VARIANTS = {
     },
     "podmonitor": {"metrics": {"podMonitor": {"enabled": True, "labels": {"release": "prometheus"}}}},
     "custom-service-account": {"serviceAccount": {"create": True, "name": "weft-node", "annotations": {"a": "b"}}},
-    "control-plane": {"control": {"enabled": True, "pluginsConfigMap": "weft-plugins"}},
+    "control-plane": {
+        "control": {"enabled": True, "pluginsConfigMap": "weft-plugins", "tls": {"secretName": "weft-control-tls"}}
+    },
     "everything": {
         "image": {"digest": "sha256:" + "ab" * 32},
         "imagePullSecrets": ["regcred"],
@@ -71,7 +73,12 @@ VARIANTS = {
         "nodeSelector": {"pool": "mesh"},
         "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
         "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "10%", "maxUnavailable": 0}},
-        "control": {"enabled": True, "pluginsConfigMap": "weft-plugins", "replicas": 2},
+        "control": {
+            "enabled": True,
+            "pluginsConfigMap": "weft-plugins",
+            "tls": {"secretName": "weft-control-tls"},
+            "replicas": 2,
+        },
         "metrics": {"podMonitor": {"enabled": True}},
     },
 }
