@@ -7,7 +7,7 @@ import helm_python as helm
 import pytest
 import yaml
 
-from conftest import NAMESPACE, values_yaml
+from conftest import CHART, NAMESPACE, values_yaml
 from variants import TRIAL_MESH, VARIANTS
 
 
@@ -337,3 +337,25 @@ def test_every_path_weft_is_given_is_mounted(render):
                 assert under, f"{name}: --{flag}={value} is on no volume"
                 if flag in writes:
                     assert not under[0].get("readOnly"), f"{name}: --{flag} is on a read-only volume"
+
+
+def test_a_chart_upgrade_alone_does_not_restart_the_node_proxies(tmp_path):
+    # Same values and image, new chart version: the pod templates must be identical, or every node proxy restarts.
+    import shutil
+
+    copy = tmp_path / "weft"
+    shutil.copytree(CHART, copy)
+    meta = (copy / "Chart.yaml").read_text()
+    (copy / "Chart.yaml").write_text(meta.replace("\nversion: ", "\nversion: 9.9.9-", 1))
+
+    def templates(path):
+        with helm.Chart.load(path) as c:
+            out = c.render(values=VARIANTS["everything"], name="weft", namespace=NAMESPACE)
+        docs = [d for k, t in out.items() if not k.endswith("NOTES.txt") for d in yaml.safe_load_all(t) if d]
+        return {d["kind"]: d["spec"]["template"] for d in docs if d["kind"] in ("DaemonSet", "Deployment")}, docs
+
+    before, docs_before = templates(CHART)
+    after, docs_after = templates(copy)
+    assert set(before) == {"DaemonSet", "Deployment"}
+    assert before == after
+    assert docs_before != docs_after, "the chart label did change on the objects themselves"

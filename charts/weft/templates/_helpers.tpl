@@ -34,6 +34,18 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/*
+Pod template labels: the selector's and the version, never helm.sh/chart: a chart upgrade that changes nothing in
+the pod must not restart every node proxy (and drop the node's connections).
+*/}}
+{{- define "weft.podLabels" -}}
+{{ include "weft.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- with .Values.labels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
 {{/* What selects a release's pods; `app.kubernetes.io/component` (node-proxy, control) tells its two kinds apart. */}}
 {{- define "weft.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "weft.name" . }}
