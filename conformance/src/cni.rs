@@ -98,7 +98,9 @@ pub struct Agent {
 
 impl std::fmt::Debug for Agent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Agent").field("path", &self.path).finish_non_exhaustive()
+        f.debug_struct("Agent")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
     }
 }
 
@@ -145,7 +147,12 @@ async fn recv_packet(fd: &UnixStream) -> std::io::Result<Option<Vec<u8>>> {
             let mut buf = vec![0u8; 4096];
             let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
             let mut control = RecvAncillaryBuffer::new(&mut space);
-            let m = rustix::net::recvmsg(fd, &mut [IoSliceMut::new(&mut buf)], &mut control, RecvFlags::empty())?;
+            let m = rustix::net::recvmsg(
+                fd,
+                &mut [IoSliceMut::new(&mut buf)],
+                &mut control,
+                RecvFlags::empty(),
+            )?;
             buf.truncate(m.bytes);
             Ok(buf)
         });
@@ -157,12 +164,17 @@ async fn recv_packet(fd: &UnixStream) -> std::io::Result<Option<Vec<u8>>> {
 }
 
 async fn request(fd: &UnixStream, data: &[u8], pass: Option<&OwnedFd>) -> Result<String, String> {
-    send_packet(fd, data, pass).await.map_err(|e| format!("send: {e}"))?;
+    send_packet(fd, data, pass)
+        .await
+        .map_err(|e| format!("send: {e}"))?;
     let p = recv_packet(fd)
         .await
         .map_err(|e| format!("recv: {e}"))?
         .ok_or("proxy closed the connection instead of acking")?;
-    match WorkloadResponse::decode(p.as_slice()).map_err(|e| e.to_string())?.payload {
+    match WorkloadResponse::decode(p.as_slice())
+        .map_err(|e| e.to_string())?
+        .payload
+    {
         Some(workload_response::Payload::Ack(a)) => Ok(a.error),
         None => Err("response without an ack".into()),
     }
@@ -189,7 +201,9 @@ impl Agent {
             let shared = shared.clone();
             tokio::spawn(async move {
                 loop {
-                    let Ok((c, _)) = lis.accept().await else { return };
+                    let Ok((c, _)) = lis.accept().await else {
+                        return;
+                    };
                     ev_tx.send_modify(|e| e.accepted += 1);
                     tokio::spawn(serve(c, shared.clone(), ev_tx.clone()));
                 }
@@ -286,9 +300,15 @@ impl Agent {
         Self::call(&tx, data, fd).await
     }
 
-    async fn call(tx: &mpsc::Sender<Send>, data: Vec<u8>, fd: Option<OwnedFd>) -> Result<String, String> {
+    async fn call(
+        tx: &mpsc::Sender<Send>,
+        data: Vec<u8>,
+        fd: Option<OwnedFd>,
+    ) -> Result<String, String> {
         let (reply, rx) = oneshot::channel();
-        tx.send(Send { data, fd, reply }).await.map_err(|_| "connection gone".to_owned())?;
+        tx.send(Send { data, fd, reply })
+            .await
+            .map_err(|_| "connection gone".to_owned())?;
         rx.await.map_err(|_| "connection gone".to_owned())?
     }
 }
@@ -305,7 +325,9 @@ async fn serve(c: UnixStream, shared: Arc<Mutex<Shared>>, ev: Arc<watch::Sender<
         Err(_) => return ended(&ev),
     };
     for pod in pods {
-        let Ok(fd) = open_netns(&pod.netns) else { continue };
+        let Ok(fd) = open_netns(&pod.netns) else {
+            continue;
+        };
         match request(&c, &pod.add(), Some(&fd)).await {
             Ok(e) if e.is_empty() => {}
             Ok(_) => ev.send_modify(|e| e.error_acks += 1),

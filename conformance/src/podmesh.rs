@@ -97,7 +97,11 @@ fn restore(ns: &Netns, rules: &str) -> Result<(), String> {
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!("iptables-restore in {}: {}", ns.name, String::from_utf8_lossy(&out.stderr).trim()))
+        Err(format!(
+            "iptables-restore in {}: {}",
+            ns.name,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
     }
 }
 
@@ -130,7 +134,13 @@ impl Nodes {
             ns.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
             ns.exec(
                 "ip",
-                &["route", "add", &format!("10.{net}.{other_subnet}.0/24"), "via", &format!("10.{net}.0.{via}")],
+                &[
+                    "route",
+                    "add",
+                    &format!("10.{net}.{other_subnet}.0/24"),
+                    "via",
+                    &format!("10.{net}.0.{via}"),
+                ],
             )?;
         }
         Ok(Self {
@@ -143,26 +153,71 @@ impl Nodes {
 
     /// A meshed pod on node A (`on_b` false) or B, number `n` (1..=200): address `10.<net>.<1|2>.<n+1>`, a veth to
     /// its node, a default route via the node, and istio-cni's pod rules.
-    pub fn pod(&self, on_b: bool, n: u8, name: &str, service_account: &str) -> Result<PodNs, String> {
+    pub fn pod(
+        &self,
+        on_b: bool,
+        n: u8,
+        name: &str,
+        service_account: &str,
+    ) -> Result<PodNs, String> {
         let id = std::process::id() % 100_000;
         let node = if on_b { &self.b } else { &self.a };
         let subnet = if on_b { 2 } else { 1 };
         let ns = Netns::create(&format!("weft-{}p{subnet}{n}-{id}", self.tag))?;
         let pod_ip = Ipv4Addr::new(10, self.net, subnet, n + 1);
-        let (pod_if, node_if) = (format!("wp{}{subnet}{n}", self.tag), format!("wq{}{subnet}{n}", self.tag));
-        ip(&["link", "add", &pod_if, "netns", &ns.name, "type", "veth", "peer", "name", &node_if, "netns", &node.name])?;
-        ns.exec("ip", &["addr", "add", &format!("{pod_ip}/32"), "dev", &pod_if])?;
+        let (pod_if, node_if) = (
+            format!("wp{}{subnet}{n}", self.tag),
+            format!("wq{}{subnet}{n}", self.tag),
+        );
+        ip(&[
+            "link", "add", &pod_if, "netns", &ns.name, "type", "veth", "peer", "name", &node_if,
+            "netns", &node.name,
+        ])?;
+        ns.exec(
+            "ip",
+            &["addr", "add", &format!("{pod_ip}/32"), "dev", &pod_if],
+        )?;
         ns.exec("ip", &["link", "set", &pod_if, "up"])?;
         node.exec("ip", &["link", "set", &node_if, "up"])?;
         // Like a CNI's point-to-point setup: the pod reaches everything through its node.
         let gw = format!("10.{}.{subnet}.1", self.net);
         node.exec("ip", &["addr", "add", &format!("{gw}/32"), "dev", &node_if])?;
-        node.exec("ip", &["route", "add", &format!("{pod_ip}/32"), "dev", &node_if])?;
+        node.exec(
+            "ip",
+            &["route", "add", &format!("{pod_ip}/32"), "dev", &node_if],
+        )?;
         ns.exec("ip", &["route", "add", &format!("{gw}/32"), "dev", &pod_if])?;
-        ns.exec("ip", &["route", "add", "default", "via", &gw, "dev", &pod_if])?;
+        ns.exec(
+            "ip",
+            &["route", "add", "default", "via", &gw, "dev", &pod_if],
+        )?;
         restore(&ns, ISTIO_CNI_POD_RULES)?;
-        ns.exec("ip", &["rule", "add", "fwmark", "0x111/0xfff", "pref", "32764", "lookup", "100"])?;
-        ns.exec("ip", &["route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", "100"])?;
+        ns.exec(
+            "ip",
+            &[
+                "rule",
+                "add",
+                "fwmark",
+                "0x111/0xfff",
+                "pref",
+                "32764",
+                "lookup",
+                "100",
+            ],
+        )?;
+        ns.exec(
+            "ip",
+            &[
+                "route",
+                "add",
+                "local",
+                "0.0.0.0/0",
+                "dev",
+                "lo",
+                "table",
+                "100",
+            ],
+        )?;
         Ok(PodNs {
             ns,
             ip: pod_ip,

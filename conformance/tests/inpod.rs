@@ -60,7 +60,11 @@ fn echo_in(pod: &PodNs) -> SocketAddr {
 }
 
 /// One round trip from inside `pod` to `dst` with an unmodified client (capture applies).
-async fn round_trip_from(pod: &PodNs, dst: SocketAddr, payload: Vec<u8>) -> std::io::Result<Vec<u8>> {
+async fn round_trip_from(
+    pod: &PodNs,
+    dst: SocketAddr,
+    payload: Vec<u8>,
+) -> std::io::Result<Vec<u8>> {
     let h = pod.ns.run(move || async move {
         let s = tokio::net::TcpStream::connect(dst).await?;
         workload::round_trip(s, &payload).await
@@ -112,13 +116,27 @@ impl Mesh {
         self.start_node_with(b, control_ip, log, &[]).await
     }
 
-    async fn start_node_with(&self, b: bool, control_ip: &str, log: &str, more: &[&str]) -> NodeProcess {
+    async fn start_node_with(
+        &self,
+        b: bool,
+        control_ip: &str,
+        log: &str,
+        more: &[&str],
+    ) -> NodeProcess {
         let (name, ns, agent) = if b {
             ("node-b", &self.nodes.b, &self.agent_b)
         } else {
             ("node-a", &self.nodes.a, &self.agent_a)
         };
-        let mut n = spawn_weft(name, &ns.name, control_ip, self.dir.path(), &agent.path, log, more);
+        let mut n = spawn_weft(
+            name,
+            &ns.name,
+            control_ip,
+            self.dir.path(),
+            &agent.path,
+            log,
+            more,
+        );
         n.wait_ready(WAIT).await.unwrap();
         n
     }
@@ -129,7 +147,12 @@ fn pods_in_dump(dump: &serde_json::Value) -> Vec<(String, String)> {
         .as_array()
         .map(|a| {
             a.iter()
-                .map(|p| (p["name"].as_str().unwrap_or("").to_owned(), p["state"].as_str().unwrap_or("").to_owned()))
+                .map(|p| {
+                    (
+                        p["name"].as_str().unwrap_or("").to_owned(),
+                        p["state"].as_str().unwrap_or("").to_owned(),
+                    )
+                })
                 .collect()
         })
         .unwrap_or_default()
@@ -147,29 +170,54 @@ async fn pod_to_pod_over_hbone_with_both_identities_and_direct_hbone() {
 
     // Node B terminated HBONE inside the server pod: the peer is the client pod's own address and identity.
     let inbound = eventually(WAIT, "node B inbound access log", || async {
-        b.access_logs().into_iter().find(|l| l["direction"] == "inbound")
+        b.access_logs()
+            .into_iter()
+            .find(|l| l["direction"] == "inbound")
     })
     .await;
-    assert_eq!(inbound["src.identity"], "spiffe://cluster.local/ns/default/sa/client", "{inbound}");
+    assert_eq!(
+        inbound["src.identity"], "spiffe://cluster.local/ns/default/sa/client",
+        "{inbound}"
+    );
     assert!(
-        inbound["src.addr"].as_str().unwrap().starts_with(&format!("{}:", m.client.ip)),
+        inbound["src.addr"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{}:", m.client.ip)),
         "source must be the client pod's own address: {inbound}"
     );
     assert_eq!(inbound["dst.addr"], dst.to_string());
     // Node A dialled the server pod's 15008 and accepted only the server's identity.
     let outbound = eventually(WAIT, "node A outbound access log", || async {
-        a.access_logs().into_iter().find(|l| l["direction"] == "outbound")
+        a.access_logs()
+            .into_iter()
+            .find(|l| l["direction"] == "outbound")
     })
     .await;
-    assert_eq!(outbound["dst.identity"], "spiffe://cluster.local/ns/default/sa/echo", "{outbound}");
-    assert_eq!(outbound["dst.hbone_addr"], format!("{}:15008", m.server.ip), "{outbound}");
+    assert_eq!(
+        outbound["dst.identity"], "spiffe://cluster.local/ns/default/sa/echo",
+        "{outbound}"
+    );
+    assert_eq!(
+        outbound["dst.hbone_addr"],
+        format!("{}:15008", m.server.ip),
+        "{outbound}"
+    );
 
     // config_dump and metrics show the pod served.
     let dump = a.config_dump().await.unwrap();
-    assert_eq!(pods_in_dump(&dump), vec![("client".to_owned(), "serving".to_owned())], "{dump}");
+    assert_eq!(
+        pods_in_dump(&dump),
+        vec![("client".to_owned(), "serving".to_owned())],
+        "{dump}"
+    );
     assert_eq!(dump["inpod"]["connected"], true);
     let metrics = a.scrape().await.unwrap();
-    assert_eq!(weft_conformance::metric_sum(&metrics, "weft_inpod_pods{state=\"serving\"}"), 1.0, "{metrics}");
+    assert_eq!(
+        weft_conformance::metric_sum(&metrics, "weft_inpod_pods{state=\"serving\"}"),
+        1.0,
+        "{metrics}"
+    );
 
     // A direct HBONE connection into the server pod's 15008, from node A's namespace, with the client's certificate.
     let ca = m.dir.path().join("ca");
@@ -177,33 +225,57 @@ async fn pod_to_pod_over_hbone_with_both_identities_and_direct_hbone() {
     let h = m.nodes.a.run(move || async move {
         direct_hbone(&ca, SocketAddr::from((server_ip, 15008)), dst, b"direct").await
     });
-    let r = tokio::task::spawn_blocking(move || h.join()).await.unwrap().unwrap().unwrap();
+    let r = tokio::task::spawn_blocking(move || h.join())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     assert_eq!(r.unwrap(), b"direct");
     let inbound = eventually(WAIT, "the direct tunnel's access log", || async {
-        b.access_logs()
-            .into_iter()
-            .find(|l| l["direction"] == "inbound" && l["src.addr"].as_str().is_some_and(|a| a.starts_with("10.231.0.1:")))
+        b.access_logs().into_iter().find(|l| {
+            l["direction"] == "inbound"
+                && l["src.addr"]
+                    .as_str()
+                    .is_some_and(|a| a.starts_with("10.231.0.1:"))
+        })
     })
     .await;
-    assert_eq!(inbound["src.identity"], "spiffe://cluster.local/ns/default/sa/client", "{inbound}");
+    assert_eq!(
+        inbound["src.identity"], "spiffe://cluster.local/ns/default/sa/client",
+        "{inbound}"
+    );
 }
 
 /// HBONE by hand: TLS with the client's certificate (from the dev CA), accepting only the echo identity, one
 /// CONNECT to `dst`, `payload` echoed back.
-async fn direct_hbone(ca: &Path, hbone: SocketAddr, dst: SocketAddr, payload: &[u8]) -> Result<Vec<u8>, String> {
+async fn direct_hbone(
+    ca: &Path,
+    hbone: SocketAddr,
+    dst: SocketAddr,
+    payload: &[u8],
+) -> Result<Vec<u8>, String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use weft_identity::{LocalCa, ManagerConfig, SecretManager, SpiffeId};
     let ca = LocalCa::from_dir(ca).map_err(|e| e.to_string())?;
     let ids = SecretManager::new(std::sync::Arc::new(ca), ManagerConfig::default());
     let cert = ids
-        .fetch(&"spiffe://cluster.local/ns/default/sa/client".parse::<SpiffeId>().unwrap())
+        .fetch(
+            &"spiffe://cluster.local/ns/default/sa/client"
+                .parse::<SpiffeId>()
+                .unwrap(),
+        )
         .await
         .map_err(|e| e.to_string())?;
     let echo: SpiffeId = "spiffe://cluster.local/ns/default/sa/echo".parse().unwrap();
     let cfg = cert.client_config(vec![echo]).map_err(|e| e.to_string())?;
-    let tcp = tokio::net::TcpStream::connect(hbone).await.map_err(|e| e.to_string())?;
+    let tcp = tokio::net::TcpStream::connect(hbone)
+        .await
+        .map_err(|e| e.to_string())?;
     let tls = tokio_rustls::TlsConnector::from(cfg)
-        .connect(rustls::pki_types::ServerName::IpAddress(hbone.ip().into()), tcp)
+        .connect(
+            rustls::pki_types::ServerName::IpAddress(hbone.ip().into()),
+            tcp,
+        )
         .await
         .map_err(|e| e.to_string())?;
     let h2 = weft_hbone::handshake(tls, &weft_hbone::H2Config::default())
@@ -216,21 +288,30 @@ async fn direct_hbone(ca: &Path, hbone: SocketAddr, dst: SocketAddr, payload: &[
     stream.write_all(payload).await.map_err(|e| e.to_string())?;
     stream.shutdown().await.map_err(|e| e.to_string())?;
     let mut back = Vec::new();
-    stream.read_to_end(&mut back).await.map_err(|e| e.to_string())?;
+    stream
+        .read_to_end(&mut back)
+        .await
+        .map_err(|e| e.to_string())?;
     Ok(back)
 }
 
 /// Whether a TCP connection to `addr` from inside `ns` is accepted (a listener is there).
 async fn listening(ns: &weft_devmesh::netns::Netns, addr: SocketAddr) -> bool {
     let h = ns.run(move || async move {
-        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
         // Marked, so the pod's own capture rules (when `ns` is a pod) do not redirect the probe.
-        sock.set_mark(weft_conformance::podmesh::INPOD_MARK).unwrap();
+        sock.set_mark(weft_conformance::podmesh::INPOD_MARK)
+            .unwrap();
         sock.set_nonblocking(true).unwrap();
         let tcp = tokio::net::TcpSocket::from_std_stream(std::net::TcpStream::from(sock));
         tcp.connect(addr).await.is_ok()
     });
-    tokio::task::spawn_blocking(move || h.join()).await.unwrap().unwrap().unwrap()
+    tokio::task::spawn_blocking(move || h.join())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -240,24 +321,50 @@ async fn del_workload_closes_the_pod_listeners_and_a_re_add_restores_them() {
     let b = m.start_node(true, "127.0.0.1", "b").await;
     let dst = echo_in(&m.server);
     let hbone = SocketAddr::from((m.server.ip, 15008));
-    assert_eq!(round_trip_from(&m.client, dst, b"before".to_vec()).await.unwrap(), b"before");
+    assert_eq!(
+        round_trip_from(&m.client, dst, b"before".to_vec())
+            .await
+            .unwrap(),
+        b"before"
+    );
     assert!(listening(&m.nodes.b, hbone).await);
 
-    assert_eq!(m.agent_b.del_pod(&m.server.uid).await, vec![Ok(String::new())]);
+    assert_eq!(
+        m.agent_b.del_pod(&m.server.uid).await,
+        vec![Ok(String::new())]
+    );
     eventually(WAIT, "pod drained on node B", || async {
         let d = b.config_dump().await.ok()?;
         pods_in_dump(&d).is_empty().then_some(())
     })
     .await;
-    assert!(!listening(&m.nodes.b, hbone).await, "15008 must be closed in the deleted pod");
+    assert!(
+        !listening(&m.nodes.b, hbone).await,
+        "15008 must be closed in the deleted pod"
+    );
     let r = round_trip_from(&m.client, dst, b"while deleted".to_vec()).await;
-    assert!(!matches!(&r, Ok(b) if b == b"while deleted"), "the deleted pod still served: {r:?}");
+    assert!(
+        !matches!(&r, Ok(b) if b == b"while deleted"),
+        "the deleted pod still served: {r:?}"
+    );
     let metrics = b.scrape().await.unwrap();
-    assert_eq!(weft_conformance::metric_sum(&metrics, "weft_inpod_pods_drained_total"), 1.0, "{metrics}");
+    assert_eq!(
+        weft_conformance::metric_sum(&metrics, "weft_inpod_pods_drained_total"),
+        1.0,
+        "{metrics}"
+    );
 
-    assert_eq!(m.agent_b.add_pod(m.server.agent_pod()).await, Ok(String::new()));
+    assert_eq!(
+        m.agent_b.add_pod(m.server.agent_pod()).await,
+        Ok(String::new())
+    );
     assert!(listening(&m.nodes.b, hbone).await);
-    assert_eq!(round_trip_from(&m.client, dst, b"after".to_vec()).await.unwrap(), b"after");
+    assert_eq!(
+        round_trip_from(&m.client, dst, b"after".to_vec())
+            .await
+            .unwrap(),
+        b"after"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -266,17 +373,39 @@ async fn a_restarted_weft_gets_the_snapshot_again_and_serves_the_pod() {
     let _a = m.start_node(false, "127.0.0.1", "a").await;
     let mut b = m.start_node(true, "127.0.0.1", "b").await;
     let dst = echo_in(&m.server);
-    assert_eq!(round_trip_from(&m.client, dst, b"one".to_vec()).await.unwrap(), b"one");
-    assert!(b.terminate(WAIT).await, "weft exits on SIGTERM after draining");
-    m.agent_b.wait("the old connection to end", |e| e.closed >= 1).await;
+    assert_eq!(
+        round_trip_from(&m.client, dst, b"one".to_vec())
+            .await
+            .unwrap(),
+        b"one"
+    );
+    assert!(
+        b.terminate(WAIT).await,
+        "weft exits on SIGTERM after draining"
+    );
+    m.agent_b
+        .wait("the old connection to end", |e| e.closed >= 1)
+        .await;
     assert!(!listening(&m.nodes.b, SocketAddr::from((m.server.ip, 15008))).await);
 
     let b2 = m.start_node(true, "127.0.0.1", "b2").await;
-    let ev = m.agent_b.wait("a second snapshot", |e| e.snapshots >= 2).await;
+    let ev = m
+        .agent_b
+        .wait("a second snapshot", |e| e.snapshots >= 2)
+        .await;
     assert_eq!((ev.accepted, ev.error_acks), (2, 0), "{ev:?}");
-    assert_eq!(round_trip_from(&m.client, dst, b"two".to_vec()).await.unwrap(), b"two");
+    assert_eq!(
+        round_trip_from(&m.client, dst, b"two".to_vec())
+            .await
+            .unwrap(),
+        b"two"
+    );
     let d = b2.config_dump().await.unwrap();
-    assert_eq!(pods_in_dump(&d), vec![("echo".to_owned(), "serving".to_owned())], "{d}");
+    assert_eq!(
+        pods_in_dump(&d),
+        vec![("echo".to_owned(), "serving".to_owned())],
+        "{d}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -285,7 +414,10 @@ async fn a_malformed_message_gets_an_error_ack_and_other_pods_keep_serving() {
     let _a = m.start_node(false, "127.0.0.1", "a").await;
     let second = m.nodes.pod(true, 2, "echo2", "echo").unwrap();
     let b = m.start_node(true, "127.0.0.1", "b").await;
-    assert_eq!(m.agent_b.add_pod(second.agent_pod()).await, Ok(String::new()));
+    assert_eq!(
+        m.agent_b.add_pod(second.agent_pod()).await,
+        Ok(String::new())
+    );
     let dst = echo_in(&m.server);
     let hbone2 = SocketAddr::from((second.ip, 15008));
     assert!(listening(&m.nodes.b, hbone2).await);
@@ -308,10 +440,16 @@ async fn a_malformed_message_gets_an_error_ack_and_other_pods_keep_serving() {
 
     // The agent loses the second pod while weft is disconnected, then sends garbage.
     m.agent_b.forget_pod(&second.uid);
-    let err = m.agent_b.send_raw(vec![0xff, 0x01, 0x02], None).await.unwrap();
+    let err = m
+        .agent_b
+        .send_raw(vec![0xff, 0x01, 0x02], None)
+        .await
+        .unwrap();
     assert!(err.starts_with("failure to read message"), "{err}");
     // weft reconnects; the snapshot has the first pod only, so the second one is removed.
-    m.agent_b.wait("the snapshot after the reconnect", |e| e.snapshots >= 2).await;
+    m.agent_b
+        .wait("the snapshot after the reconnect", |e| e.snapshots >= 2)
+        .await;
     eventually(WAIT, "the second pod removed", || async {
         let d = b.config_dump().await.ok()?;
         (pods_in_dump(&d) == vec![("echo".to_owned(), "serving".to_owned())]).then_some(())
@@ -321,14 +459,26 @@ async fn a_malformed_message_gets_an_error_ack_and_other_pods_keep_serving() {
     // The first pod never stopped: the long-lived connection still works, new ones too.
     to_conn.send(b"ping 2".to_vec()).await.unwrap();
     assert_eq!(echoed.recv().await.unwrap(), b"ping 2");
-    assert_eq!(round_trip_from(&m.client, dst, b"new".to_vec()).await.unwrap(), b"new");
+    assert_eq!(
+        round_trip_from(&m.client, dst, b"new".to_vec())
+            .await
+            .unwrap(),
+        b"new"
+    );
     let metrics = b.scrape().await.unwrap();
     assert_eq!(
-        weft_conformance::metric_sum(&metrics, "weft_inpod_zds_requests_total{kind=\"invalid\",result=\"error\"}"),
+        weft_conformance::metric_sum(
+            &metrics,
+            "weft_inpod_zds_requests_total{kind=\"invalid\",result=\"error\"}"
+        ),
         1.0,
         "{metrics}"
     );
-    assert!(b.log_lines().iter().any(|l| l["message"] == "invalid message from the CNI node agent"));
+    assert!(
+        b.log_lines()
+            .iter()
+            .any(|l| l["message"] == "invalid message from the CNI node agent")
+    );
 }
 
 /// What a steady client saw: connections that worked and failed, and the failures' errors.
@@ -416,16 +566,27 @@ async fn upgrade_overlap_loses_no_connection() {
 
     let mut figures = Vec::new();
     for (b, old) in [(true, &mut b1), (false, &mut a1)] {
-        let which = if b { "server node (15008 inbound)" } else { "client node (15001 outbound)" };
+        let which = if b {
+            "server node (15008 inbound)"
+        } else {
+            "client node (15001 outbound)"
+        };
         let agent = if b { &m.agent_b } else { &m.agent_a };
         let before = agent.events().snapshots;
         let t0 = std::time::Instant::now();
-        let new = m.start_node_with(b, "127.0.0.2", if b { "b2" } else { "a2" }, &drain).await;
-        agent.wait("the new instance's snapshot", |e| e.snapshots > before).await;
+        let new = m
+            .start_node_with(b, "127.0.0.2", if b { "b2" } else { "a2" }, &drain)
+            .await;
+        agent
+            .wait("the new instance's snapshot", |e| e.snapshots > before)
+            .await;
         let new_ready = t0.elapsed();
         more(50).await;
         let t1 = std::time::Instant::now();
-        assert!(old.terminate(WAIT).await, "the old instance exits after its drain");
+        assert!(
+            old.terminate(WAIT).await,
+            "the old instance exits after its drain"
+        );
         let old_exit = t1.elapsed();
         more(50).await;
         // The new instance served connections of its own.
@@ -441,11 +602,22 @@ async fn upgrade_overlap_loses_no_connection() {
         *old = new;
     }
     stop.store(true, Ordering::Relaxed);
-    tokio::task::spawn_blocking(move || client.join()).await.unwrap().unwrap().unwrap();
+    tokio::task::spawn_blocking(move || client.join())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     let t = tally.lock().unwrap();
     for f in &figures {
         println!("upgrade: {f}");
     }
-    println!("upgrade: steady client: {} connections ok, {} failed {:?}", t.ok, t.failed, t.errors);
-    assert_eq!(t.failed, 0, "connections failed across the upgrades: {:?}", t.errors);
+    println!(
+        "upgrade: steady client: {} connections ok, {} failed {:?}",
+        t.ok, t.failed, t.errors
+    );
+    assert_eq!(
+        t.failed, 0,
+        "connections failed across the upgrades: {:?}",
+        t.errors
+    );
 }

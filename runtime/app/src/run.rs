@@ -186,7 +186,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     control.block_on(async {
         let _watch = weft_state::watch_file(args.config.clone(), state.clone(), args.config_poll);
         let _refresh = identity.spawn_refresher(Duration::from_secs(1));
-        identity.retain(&local_identities(&state, &args.node, inpod_status.as_deref()));
+        identity.retain(&local_identities(
+            &state,
+            &args.node,
+            inpod_status.as_deref(),
+        ));
         // Plugins load before the first connection is accepted; later config versions are applied in order.
         apply_plugins(&host, &state.current(), args.default_plugins).await;
         {

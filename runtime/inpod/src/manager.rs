@@ -148,7 +148,11 @@ impl<L: ListenerSets> Manager<L> {
                     .filter(|uid| !self.in_snapshot.contains(*uid))
                     .cloned()
                     .collect();
-                tracing::info!(served = self.served.len(), removing = gone.len(), "snapshot complete");
+                tracing::info!(
+                    served = self.served.len(),
+                    removing = gone.len(),
+                    "snapshot complete"
+                );
                 for uid in gone {
                     self.stop(&uid);
                 }
@@ -178,7 +182,14 @@ impl<L: ListenerSets> Manager<L> {
             Ok(set) => {
                 self.status.started();
                 let detail: Arc<dyn Describe> = set.clone();
-                self.status.set(&info, generation, PodState::Serving, netns.id(), None, Some(detail));
+                self.status.set(
+                    &info,
+                    generation,
+                    PodState::Serving,
+                    netns.id(),
+                    None,
+                    Some(detail),
+                );
                 tracing::info!(uid = %info.uid, pod = %format!("{}/{}", info.namespace, info.name), "pod served: listeners open in its network namespace");
                 self.served.insert(
                     info.uid.clone(),
@@ -194,7 +205,14 @@ impl<L: ListenerSets> Manager<L> {
             Err(e) => {
                 self.status.start_failed();
                 tracing::error!(uid = %info.uid, error = %e, "cannot open the pod's listeners; will retry");
-                self.status.set(&info, generation, PodState::Pending, netns.id(), Some(e.clone()), None);
+                self.status.set(
+                    &info,
+                    generation,
+                    PodState::Pending,
+                    netns.id(),
+                    Some(e.clone()),
+                    None,
+                );
                 self.pending.insert(
                     info.uid.clone(),
                     Pending {
@@ -226,7 +244,14 @@ impl<L: ListenerSets> Manager<L> {
         let Some(s) = self.served.remove(uid) else {
             return;
         };
-        self.status.set(&s.info, s.generation, PodState::Draining, s.netns.id(), None, Some(s.set.clone()));
+        self.status.set(
+            &s.info,
+            s.generation,
+            PodState::Draining,
+            s.netns.id(),
+            None,
+            Some(s.set.clone()),
+        );
         let status = self.status.clone();
         let drain = self.sets.drain(s.set);
         let (uid, generation) = (s.info.uid, s.generation);

@@ -107,7 +107,9 @@ pub struct NetnsThread {
 
 impl fmt::Debug for NetnsThread {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("NetnsThread").field("netns", &self.id).finish()
+        f.debug_struct("NetnsThread")
+            .field("netns", &self.id)
+            .finish()
     }
 }
 
@@ -127,7 +129,12 @@ impl NetnsThread {
             .spawn(move || {
                 let entered =
                     move_into_link_name_space(netns.fd.as_fd(), Some(LinkNameSpaceType::Network))
-                        .map_err(|e| io::Error::new(e.kind(), format!("setns into pod network namespace {}: {e}", netns.id)));
+                        .map_err(|e| {
+                            io::Error::new(
+                                e.kind(),
+                                format!("setns into pod network namespace {}: {e}", netns.id),
+                            )
+                        });
                 let ok = entered.is_ok();
                 let _ = ready_tx.send(entered);
                 if !ok {
@@ -139,9 +146,9 @@ impl NetnsThread {
                     job();
                 }
             })?;
-        ready_rx
-            .recv()
-            .map_err(|_| io::Error::other("namespace thread ended before entering the namespace"))??;
+        ready_rx.recv().map_err(|_| {
+            io::Error::other("namespace thread ended before entering the namespace")
+        })??;
         Ok(Self { jobs, id })
     }
 
@@ -174,7 +181,11 @@ impl SocketFactory for NetnsThread {
     ) -> Pin<Box<dyn std::future::Future<Output = io::Result<Socket>> + Send + '_>> {
         Box::pin(async move {
             self.run(move || {
-                Socket::new(domain, Type::STREAM.nonblocking().cloexec(), Some(Protocol::TCP))
+                Socket::new(
+                    domain,
+                    Type::STREAM.nonblocking().cloexec(),
+                    Some(Protocol::TCP),
+                )
             })
             .await?
         })

@@ -77,7 +77,10 @@ impl SeqPacket {
                 let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(4))];
                 let mut control = SendAncillaryBuffer::new(&mut space);
                 if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
-                    return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many descriptors"));
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "too many descriptors",
+                    ));
                 }
                 let n = rustix::net::sendmsg(
                     &self.s,
@@ -86,7 +89,10 @@ impl SeqPacket {
                     SendFlags::NOSIGNAL,
                 )?;
                 if n != data.len() {
-                    return Err(io::Error::new(io::ErrorKind::WriteZero, "short packet write"));
+                    return Err(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        "short packet write",
+                    ));
                 }
                 Ok(())
             });

@@ -60,7 +60,9 @@ pub struct ProxyPods {
 
 impl std::fmt::Debug for ProxyPods {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProxyPods").field("node", &self.base.node).finish_non_exhaustive()
+        f.debug_struct("ProxyPods")
+            .field("node", &self.base.node)
+            .finish_non_exhaustive()
     }
 }
 
@@ -111,9 +113,15 @@ impl ListenerSets for ProxyPods {
     type Set = PodListeners;
 
     async fn open(&self, pod: &PodInfo, netns: &Arc<Netns>) -> Result<Arc<PodListeners>, String> {
-        let short: String = pod.uid.chars().filter(char::is_ascii_alphanumeric).take(8).collect();
+        let short: String = pod
+            .uid
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .take(8)
+            .collect();
         let thread = Arc::new(
-            NetnsThread::spawn(format!("weft-ns-{short}"), netns.clone()).map_err(|e| e.to_string())?,
+            NetnsThread::spawn(format!("weft-ns-{short}"), netns.clone())
+                .map_err(|e| e.to_string())?,
         );
         let v6 = thread.run(ipv6_usable).await.map_err(|e| e.to_string())?;
         if self.base.reuse_port {
@@ -162,7 +170,10 @@ impl ListenerSets for ProxyPods {
         Ok(Arc::new(PodListeners { proxy, thread }))
     }
 
-    fn drain(&self, set: Arc<PodListeners>) -> impl std::future::Future<Output = ()> + Send + 'static {
+    fn drain(
+        &self,
+        set: Arc<PodListeners>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let data = self.data.clone();
         async move {
             let proxy = set.proxy.clone();

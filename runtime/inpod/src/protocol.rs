@@ -101,7 +101,8 @@ pub fn decode(p: Packet) -> Result<Request, DecodeError> {
     if control_truncated {
         return Err(DecodeError::ControlTruncated);
     }
-    let req = WorkloadRequest::decode(data.as_slice()).map_err(|e| DecodeError::Decode(e.to_string()))?;
+    let req =
+        WorkloadRequest::decode(data.as_slice()).map_err(|e| DecodeError::Decode(e.to_string()))?;
     match (req.payload.ok_or(DecodeError::NoPayload)?, fd) {
         (Payload::Add(a), Some(fd)) => {
             let info = a.workload_info.ok_or(DecodeError::NoWorkloadInfo)?;

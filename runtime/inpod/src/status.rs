@@ -105,21 +105,41 @@ impl Status {
     /// Register the `weft_inpod_*` metrics.
     pub fn register(&self, r: &mut Registry) {
         let r = r.sub_registry_with_prefix("weft_inpod");
-        r.register("pods", "Pods weft serves in in-pod mode, by state", self.pods_gauge.clone());
+        r.register(
+            "pods",
+            "Pods weft serves in in-pod mode, by state",
+            self.pods_gauge.clone(),
+        );
         r.register(
             "zds_requests",
             "ZDS requests from the CNI node agent, by kind and result (error: answered with an error ack)",
             self.requests.clone(),
         );
-        r.register("zds_connections", "Connections made to the CNI node agent", self.connections.clone());
-        r.register("zds_connected", "1 while connected to the CNI node agent", self.connected_gauge.clone());
-        r.register("pod_listener_sets_started", "Pod listener sets opened", self.started.clone());
+        r.register(
+            "zds_connections",
+            "Connections made to the CNI node agent",
+            self.connections.clone(),
+        );
+        r.register(
+            "zds_connected",
+            "1 while connected to the CNI node agent",
+            self.connected_gauge.clone(),
+        );
+        r.register(
+            "pod_listener_sets_started",
+            "Pod listener sets opened",
+            self.started.clone(),
+        );
         r.register(
             "pod_listener_set_failures",
             "Pod listener sets that could not be opened (retried)",
             self.start_failures.clone(),
         );
-        r.register("pods_drained", "Pods whose listeners closed and connections drained", self.drained.clone());
+        r.register(
+            "pods_drained",
+            "Pods whose listeners closed and connections drained",
+            self.drained.clone(),
+        );
     }
 
     pub(crate) fn set_connected(&self, up: bool) {
@@ -136,7 +156,9 @@ impl Status {
 
     pub(crate) fn request(&self, kind: &'static str, ok: bool) {
         let result = if ok { "ok" } else { "error" };
-        self.requests.get_or_create(&RequestLabels { kind, result }).inc();
+        self.requests
+            .get_or_create(&RequestLabels { kind, result })
+            .inc();
     }
 
     pub(crate) fn started(&self) {
@@ -204,7 +226,9 @@ impl Status {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, u64), Entry>> {
-        self.pods.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.pods
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn update_gauges(&self, pods: &BTreeMap<(String, u64), Entry>) {
@@ -248,7 +272,10 @@ impl Status {
             .map(|p| format!("{}/{}", p.namespace, p.name))
             .collect();
         if !pending.is_empty() {
-            out.push(format!("in-pod: listeners pending for {}", pending.join(", ")));
+            out.push(format!(
+                "in-pod: listeners pending for {}",
+                pending.join(", ")
+            ));
         }
         out
     }

@@ -26,7 +26,9 @@ impl TestNs {
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
-        let _ = std::process::Command::new("ip").args(["netns", "del", &name]).status();
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &name])
+            .status();
         let ok = std::process::Command::new("ip")
             .args(["netns", "add", &name])
             .status()
@@ -55,7 +57,9 @@ impl TestNs {
 
 impl Drop for TestNs {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("ip").args(["netns", "del", &self.name]).status();
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
     }
 }
 

@@ -154,11 +154,7 @@ impl Inner {
         via: Via,
     ) -> Result<tokio::net::TcpStream, ()> {
         let dst = record.dst;
-        let r = tokio::time::timeout(
-            self.cfg.connect_timeout,
-            self.dial(dst, None),
-        )
-        .await;
+        let r = tokio::time::timeout(self.cfg.connect_timeout, self.dial(dst, None)).await;
         let error = match r {
             Ok(Ok(s)) => return Ok(s),
             Ok(Err(e)) => format!("connect to {dst}: {e}"),

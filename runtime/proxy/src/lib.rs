@@ -32,9 +32,9 @@ use weft_identity::SecretManager;
 use weft_state::{StateStore, TunnelProtocol};
 
 pub use config::{InboundBind, LocalPod, ProxyConfig};
-pub use socket::SocketFactory;
 pub use metrics::ProxyMetrics;
 pub use outbound::PoolKey;
+pub use socket::SocketFactory;
 pub use tracker::ConnTracker;
 
 /// Errors starting the data path.
@@ -223,8 +223,13 @@ impl Proxy {
     }
 
     /// Accept on a bound listener.
-    fn serve<F, Fut>(self: &Arc<Self>, what: &'static str, addr: SocketAddr, lis: TcpListener, handler: F)
-    where
+    fn serve<F, Fut>(
+        self: &Arc<Self>,
+        what: &'static str,
+        addr: SocketAddr,
+        lis: TcpListener,
+        handler: F,
+    ) where
         F: Fn(Arc<Inner>, TcpStream, SocketAddr) -> Fut + Send + Sync + Copy + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {

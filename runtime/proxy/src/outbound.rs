@@ -280,19 +280,17 @@ impl Inner {
                     .filter(|_| self.cfg.bind_source_ip)
                     .map(|_| src.ip());
                 let addr = resolved.addr;
-                let conn = match tokio::time::timeout(
-                    self.cfg.connect_timeout,
-                    self.dial(addr, bind),
-                )
-                .await
-                {
-                    Ok(Ok(s)) => Ok(s),
-                    Ok(Err(source)) => Err(DialError::Tcp { addr, source }),
-                    Err(_) => Err(DialError::Timeout {
-                        addr,
-                        after: self.cfg.connect_timeout,
-                    }),
-                };
+                let conn =
+                    match tokio::time::timeout(self.cfg.connect_timeout, self.dial(addr, bind))
+                        .await
+                    {
+                        Ok(Ok(s)) => Ok(s),
+                        Ok(Err(source)) => Err(DialError::Tcp { addr, source }),
+                        Err(_) => Err(DialError::Timeout {
+                            addr,
+                            after: self.cfg.connect_timeout,
+                        }),
+                    };
                 return match conn {
                     Ok(s) => Ok(Established {
                         record,
@@ -402,7 +400,8 @@ impl Inner {
                 .client_config(expected)
                 .map_err(|source| DialError::TlsConfig { addr, source })?;
             let work = async {
-                let tcp = me.dial(addr, src_ip)
+                let tcp = me
+                    .dial(addr, src_ip)
                     .await
                     .map_err(|source| DialError::Tcp { addr, source })?;
                 let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());

@@ -30,7 +30,10 @@ pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
 /// created in weft's own namespace).
 pub trait SocketFactory: Send + Sync + 'static {
     /// A new non-blocking, close-on-exec TCP socket of `domain`.
-    fn tcp_socket(&self, domain: Domain) -> Pin<Box<dyn Future<Output = io::Result<Socket>> + Send + '_>>;
+    fn tcp_socket(
+        &self,
+        domain: Domain,
+    ) -> Pin<Box<dyn Future<Output = io::Result<Socket>> + Send + '_>>;
 }
 
 /// Bind and listen on a socket from a [`SocketFactory`]: `SO_REUSEADDR`, `TCP_NODELAY` (inherited by accepted

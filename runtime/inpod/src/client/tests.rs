@@ -75,7 +75,10 @@ async fn hello_acks_error_ack_reconnect_and_snapshot_resend() {
     // A malformed packet: an error ack, then weft closes the connection (as ztunnel does).
     c.send(&[0xff, 0xff], &[]).await.unwrap();
     let e = ack_of(&c).await;
-    assert!(e.starts_with("failure to read message: cannot decode"), "{e}");
+    assert!(
+        e.starts_with("failure to read message: cannot decode"),
+        "{e}"
+    );
     assert!(c.recv().await.unwrap().is_none());
 
     // weft reconnects; the agent sends its snapshot again; the pod was never stopped.
@@ -92,7 +95,10 @@ async fn hello_acks_error_ack_reconnect_and_snapshot_resend() {
     c.send(&add("b"), &[nsf.as_fd()]).await.unwrap();
     assert_eq!(ack_of(&c).await, "failure to start proxy: address in use");
     c.send(&add("c"), &[]).await.unwrap();
-    assert_eq!(ack_of(&c).await, "failure to read message: No control message");
+    assert_eq!(
+        ack_of(&c).await,
+        "failure to read message: No control message"
+    );
 
     stop.cancel();
     task.await.unwrap();
@@ -108,7 +114,12 @@ async fn connect_retries_until_the_agent_listens() {
     let sets = Arc::new(FakeSets::default());
     let status = Arc::new(Status::default());
     let stop = CancellationToken::new();
-    let task = tokio::spawn(run(uds.clone(), Manager::new(sets, status.clone()), status, stop.clone()));
+    let task = tokio::spawn(run(
+        uds.clone(),
+        Manager::new(sets, status.clone()),
+        status,
+        stop.clone(),
+    ));
     // The client is failing to connect now (nothing at the path); the agent appears later.
     tokio::task::yield_now().await;
     let agent = SeqPacketListener::bind(&uds).unwrap();

@@ -35,7 +35,12 @@ async fn snapshot_removes_pods_the_agent_no_longer_has() {
     assert_eq!(m.served(), vec!["a", "b"]);
     assert_eq!(
         sets.calls(),
-        vec![Call::Open("a".into()), Call::Open("b".into()), Call::Open("c".into()), Call::Drain("c".into())]
+        vec![
+            Call::Open("a".into()),
+            Call::Open("b".into()),
+            Call::Open("c".into()),
+            Call::Drain("c".into())
+        ]
     );
     assert_eq!(status.pods_in(PodState::Serving).len(), 2);
     assert!(status.pods_in(PodState::Draining).is_empty());
@@ -48,15 +53,28 @@ async fn a_new_namespace_replaces_the_old_listeners() {
     m.handle(add("a", &n1)).await.unwrap();
     m.handle(add("a", &n2)).await.unwrap();
     m.wait_drains().await;
-    assert_eq!(sets.calls(), vec![Call::Open("a".into()), Call::Drain("a".into()), Call::Open("a".into())]);
+    assert_eq!(
+        sets.calls(),
+        vec![
+            Call::Open("a".into()),
+            Call::Drain("a".into()),
+            Call::Open("a".into())
+        ]
+    );
 }
 
 #[tokio::test]
 async fn protocol_rules() {
     let (mut m, _, _) = mgr();
     m.handle(Request::SnapshotSent).await.unwrap();
-    assert!(matches!(m.handle(Request::SnapshotSent).await, Err(Failure::Protocol(_))));
-    assert!(matches!(m.handle(Request::Keep("x".into())).await, Err(Failure::Protocol(_))));
+    assert!(matches!(
+        m.handle(Request::SnapshotSent).await,
+        Err(Failure::Protocol(_))
+    ));
+    assert!(matches!(
+        m.handle(Request::Keep("x".into())).await,
+        Err(Failure::Protocol(_))
+    ));
     // Deleting a pod weft does not serve is fine (idempotent).
     m.handle(Request::Del("nobody".into())).await.unwrap();
 }
@@ -86,7 +104,10 @@ async fn a_pod_that_fails_to_open_is_pending_and_retried() {
     assert!(matches!(m.handle(add("a", &n1)).await, Err(Failure::Pod(e)) if e == "address in use"));
     m.handle(Request::SnapshotSent).await.unwrap();
     assert!(m.has_pending());
-    assert_eq!(status.not_ready(), vec!["in-pod: listeners pending for default/name-a".to_owned()]);
+    assert_eq!(
+        status.not_ready(),
+        vec!["in-pod: listeners pending for default/name-a".to_owned()]
+    );
     m.retry_pending().await;
     assert!(!m.has_pending());
     assert_eq!(m.served(), vec!["a"]);
@@ -94,6 +115,13 @@ async fn a_pod_that_fails_to_open_is_pending_and_retried() {
     // A delete after the snapshot drains it.
     m.handle(Request::Del("a".into())).await.unwrap();
     m.wait_drains().await;
-    assert_eq!(sets.calls(), vec![Call::Open("a".into()), Call::Open("a".into()), Call::Drain("a".into())]);
+    assert_eq!(
+        sets.calls(),
+        vec![
+            Call::Open("a".into()),
+            Call::Open("a".into()),
+            Call::Drain("a".into())
+        ]
+    );
     assert!(status.pods_in(PodState::Serving).is_empty());
 }

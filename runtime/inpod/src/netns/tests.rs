@@ -29,13 +29,17 @@ async fn sockets_from_the_thread_live_in_the_pod_namespace() {
     let t = Arc::new(NetnsThread::spawn("weft-ns-test".into(), Arc::new(ns.open())).unwrap());
     // A listener on the pod's loopback, created by the thread and served from this (tokio) thread.
     let sock = t.tcp_socket(Domain::IPV4).await.unwrap();
-    let lis = weft_proxy::socket::listen_socket(sock, "127.0.0.1:0".parse().unwrap(), true, None).unwrap();
+    let lis = weft_proxy::socket::listen_socket(sock, "127.0.0.1:0".parse().unwrap(), true, None)
+        .unwrap();
     let addr: SocketAddr = lis.local_addr().unwrap();
     // From weft's own namespace nothing listens there.
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
     // A socket from the same thread reaches it.
     let sock = t.tcp_socket(Domain::IPV4).await.unwrap();
-    let (c, a) = tokio::join!(weft_proxy::socket::connect_socket(sock, addr, None, None), lis.accept());
+    let (c, a) = tokio::join!(
+        weft_proxy::socket::connect_socket(sock, addr, None, None),
+        lis.accept()
+    );
     let c = c.unwrap();
     let (_, peer) = a.unwrap();
     assert_eq!(peer, c.local_addr().unwrap());
@@ -69,8 +73,23 @@ async fn migrate_req_is_set_in_the_pod_namespace_only() {
     let host_before = std::fs::read_to_string(path).unwrap();
     let ns = TestNs::new();
     let t = NetnsThread::spawn("weft-ns-sysctl".into(), Arc::new(ns.open())).unwrap();
-    assert_eq!(t.run(|| std::fs::read_to_string(path).unwrap()).await.unwrap().trim(), "0");
-    t.run(crate::pods::enable_migrate_req).await.unwrap().unwrap();
-    assert_eq!(t.run(|| std::fs::read_to_string(path).unwrap()).await.unwrap().trim(), "1");
+    assert_eq!(
+        t.run(|| std::fs::read_to_string(path).unwrap())
+            .await
+            .unwrap()
+            .trim(),
+        "0"
+    );
+    t.run(crate::pods::enable_migrate_req)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        t.run(|| std::fs::read_to_string(path).unwrap())
+            .await
+            .unwrap()
+            .trim(),
+        "1"
+    );
     assert_eq!(std::fs::read_to_string(path).unwrap(), host_before);
 }

@@ -24,7 +24,10 @@ fn add(uid: &str) -> Vec<u8> {
     }))
 }
 
-async fn roundtrip(data: &[u8], fds: &[std::os::fd::BorrowedFd<'_>]) -> Result<Request, DecodeError> {
+async fn roundtrip(
+    data: &[u8],
+    fds: &[std::os::fd::BorrowedFd<'_>],
+) -> Result<Request, DecodeError> {
     let (a, b) = pair().unwrap();
     a.send(data, fds).await.unwrap();
     decode(b.recv().await.unwrap().unwrap())
@@ -33,9 +36,18 @@ async fn roundtrip(data: &[u8], fds: &[std::os::fd::BorrowedFd<'_>]) -> Result<R
 #[test]
 fn field_numbers_are_the_wire_contract() {
     // DelWorkload.uid is field 2 (tag 0x12); the request's del is field 2, keep 5, snapshot_sent 3.
-    assert_eq!(DelWorkload { uid: "u".into() }.encode_to_vec(), vec![0x12, 1, b'u']);
-    assert_eq!(req(Payload::Del(DelWorkload { uid: "u".into() })), vec![0x12, 3, 0x12, 1, b'u']);
-    assert_eq!(req(Payload::Keep(KeepWorkload { uid: "u".into() })), vec![0x2a, 3, 0x0a, 1, b'u']);
+    assert_eq!(
+        DelWorkload { uid: "u".into() }.encode_to_vec(),
+        vec![0x12, 1, b'u']
+    );
+    assert_eq!(
+        req(Payload::Del(DelWorkload { uid: "u".into() })),
+        vec![0x12, 3, 0x12, 1, b'u']
+    );
+    assert_eq!(
+        req(Payload::Keep(KeepWorkload { uid: "u".into() })),
+        vec![0x2a, 3, 0x0a, 1, b'u']
+    );
     assert_eq!(req(Payload::SnapshotSent(SnapshotSent {})), vec![0x1a, 0]);
     // Hello: version V1 in field 1; an ack with an error: WorkloadResponse.ack (1) → Ack.error (1).
     assert_eq!(hello(), vec![0x08, 1]);
@@ -50,7 +62,14 @@ async fn add_with_a_namespace_descriptor() {
     match roundtrip(&add("u1"), &[f.as_fd()]).await.unwrap() {
         Request::Add(info, netns) => {
             assert_eq!(info.uid, "u1");
-            assert_eq!((info.name.as_str(), info.namespace.as_str(), info.service_account.as_str()), ("p", "ns", "sa"));
+            assert_eq!(
+                (
+                    info.name.as_str(),
+                    info.namespace.as_str(),
+                    info.service_account.as_str()
+                ),
+                ("p", "ns", "sa")
+            );
             assert_eq!(netns.id(), ns.open().id());
         }
         other => panic!("{other:?}"),
@@ -63,21 +82,47 @@ async fn malformed_requests_are_errors() {
     let f = std::fs::File::open(ns.path()).unwrap();
     let g = std::fs::File::open(ns.path()).unwrap();
     let null = std::fs::File::open("/dev/null").unwrap();
-    assert_eq!(roundtrip(&add("u"), &[]).await.unwrap_err(), DecodeError::NoFd);
     assert_eq!(
-        roundtrip(&add("u"), &[f.as_fd(), g.as_fd()]).await.unwrap_err(),
+        roundtrip(&add("u"), &[]).await.unwrap_err(),
+        DecodeError::NoFd
+    );
+    assert_eq!(
+        roundtrip(&add("u"), &[f.as_fd(), g.as_fd()])
+            .await
+            .unwrap_err(),
         DecodeError::TooManyFds(2)
     );
     let del = req(Payload::Del(DelWorkload { uid: "u".into() }));
-    assert_eq!(roundtrip(&del, &[f.as_fd()]).await.unwrap_err(), DecodeError::UnexpectedFd);
-    assert!(matches!(roundtrip(&[0xff, 0xff, 0xff], &[]).await.unwrap_err(), DecodeError::Decode(_)));
+    assert_eq!(
+        roundtrip(&del, &[f.as_fd()]).await.unwrap_err(),
+        DecodeError::UnexpectedFd
+    );
+    assert!(matches!(
+        roundtrip(&[0xff, 0xff, 0xff], &[]).await.unwrap_err(),
+        DecodeError::Decode(_)
+    ));
     // Only an unknown field (9): a request with no payload this version knows. (An empty packet cannot be told
     // from the end of the stream, as in ztunnel.)
-    assert_eq!(roundtrip(&[0x48, 0x01], &[]).await.unwrap_err(), DecodeError::NoPayload);
-    let no_info = req(Payload::Add(AddWorkload { uid: "u".into(), workload_info: None }));
-    assert_eq!(roundtrip(&no_info, &[f.as_fd()]).await.unwrap_err(), DecodeError::NoWorkloadInfo);
-    assert!(matches!(roundtrip(&add("u"), &[null.as_fd()]).await.unwrap_err(), DecodeError::NotNetns(_)));
+    assert_eq!(
+        roundtrip(&[0x48, 0x01], &[]).await.unwrap_err(),
+        DecodeError::NoPayload
+    );
+    let no_info = req(Payload::Add(AddWorkload {
+        uid: "u".into(),
+        workload_info: None,
+    }));
+    assert_eq!(
+        roundtrip(&no_info, &[f.as_fd()]).await.unwrap_err(),
+        DecodeError::NoWorkloadInfo
+    );
+    assert!(matches!(
+        roundtrip(&add("u"), &[null.as_fd()]).await.unwrap_err(),
+        DecodeError::NotNetns(_)
+    ));
     let big = vec![0u8; crate::packet::MAX_PACKET + 1];
-    assert_eq!(roundtrip(&big, &[]).await.unwrap_err(), DecodeError::Truncated);
+    assert_eq!(
+        roundtrip(&big, &[]).await.unwrap_err(),
+        DecodeError::Truncated
+    );
     assert!(matches!(roundtrip(&del, &[]).await.unwrap(), Request::Del(u) if u == "u"));
 }
