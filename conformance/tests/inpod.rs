@@ -282,7 +282,7 @@ async fn direct_hbone(
         .await
         .map_err(|e| e.to_string())?;
     let (mut stream, _) = h2
-        .connect(weft_hbone::ConnectRequest::new(&dst.to_string()))
+        .connect(weft_hbone::ConnectRequest::new(dst.to_string()))
         .await
         .map_err(|e| e.to_string())?;
     stream.write_all(payload).await.map_err(|e| e.to_string())?;

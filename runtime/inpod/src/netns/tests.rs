@@ -69,12 +69,12 @@ fn capabilities_check_passes_as_root() {
 
 #[tokio::test]
 async fn migrate_req_is_set_in_the_pod_namespace_only() {
-    let path = "/proc/sys/net/ipv4/tcp_migrate_req";
-    let host_before = std::fs::read_to_string(path).unwrap();
+    const PATH: &str = "/proc/sys/net/ipv4/tcp_migrate_req";
+    let host_before = std::fs::read_to_string(PATH).unwrap();
     let ns = TestNs::new();
     let t = NetnsThread::spawn("weft-ns-sysctl".into(), Arc::new(ns.open())).unwrap();
     assert_eq!(
-        t.run(|| std::fs::read_to_string(path).unwrap())
+        t.run(|| std::fs::read_to_string(PATH).unwrap())
             .await
             .unwrap()
             .trim(),
@@ -85,11 +85,11 @@ async fn migrate_req_is_set_in_the_pod_namespace_only() {
         .unwrap()
         .unwrap();
     assert_eq!(
-        t.run(|| std::fs::read_to_string(path).unwrap())
+        t.run(|| std::fs::read_to_string(PATH).unwrap())
             .await
             .unwrap()
             .trim(),
         "1"
     );
-    assert_eq!(std::fs::read_to_string(path).unwrap(), host_before);
+    assert_eq!(std::fs::read_to_string(PATH).unwrap(), host_before);
 }
