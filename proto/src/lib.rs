@@ -90,7 +90,8 @@ pub mod weft {
 }
 
 /// The encoded `FileDescriptorSet` of every .proto file above (for wire-contract tests and reflection).
-pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/weft_descriptors.bin"));
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/weft_descriptors.bin"));
 
 /// xDS type URLs.
 pub mod type_url {
@@ -99,13 +100,16 @@ pub mod type_url {
     /// L4 authorization policies.
     pub const AUTHORIZATION: &str = "type.googleapis.com/istio.security.Authorization";
     /// Extension configs (ECDS): weft's plugins.
-    pub const EXTENSION_CONFIG: &str = "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig";
+    pub const EXTENSION_CONFIG: &str =
+        "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig";
     /// The typed config of a weft plugin resource.
     pub const WEFT_PLUGIN: &str = "type.googleapis.com/weft.plugin.v1.WeftPlugin";
     /// Envoy's Wasm network filter config (what istiod sends for a NETWORK WasmPlugin).
-    pub const WASM_NETWORK_FILTER: &str = "type.googleapis.com/envoy.extensions.filters.network.wasm.v3.Wasm";
+    pub const WASM_NETWORK_FILTER: &str =
+        "type.googleapis.com/envoy.extensions.filters.network.wasm.v3.Wasm";
     /// Envoy's bare Wasm plugin config.
-    pub const WASM_PLUGIN_CONFIG: &str = "type.googleapis.com/envoy.extensions.wasm.v3.PluginConfig";
+    pub const WASM_PLUGIN_CONFIG: &str =
+        "type.googleapis.com/envoy.extensions.wasm.v3.PluginConfig";
     /// The rollback figures in a NACK's details.
     pub const ROLLBACK_REPORT: &str = "type.googleapis.com/weft.plugin.v1.RollbackReport";
     /// `google.protobuf.StringValue` (istiod's encoding of a Wasm plugin's JSON configuration).

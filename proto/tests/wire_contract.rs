@@ -70,7 +70,8 @@ fn ours() -> BTreeMap<String, Row> {
     for file in &fds.file {
         let pkg = file.package();
         // Our own messages and the certificate service are checked elsewhere.
-        if pkg.starts_with("weft.") || pkg == "istio.v1.auth" || pkg.starts_with("google.protobuf") {
+        if pkg.starts_with("weft.") || pkg == "istio.v1.auth" || pkg.starts_with("google.protobuf")
+        {
             continue;
         }
         for m in &file.message_type {
@@ -169,7 +170,11 @@ fn every_field_matches_the_upstream_definition() {
             Some(_) => {}
         }
     }
-    assert!(wrong.is_empty(), "wire contract broken:\n{}", wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "wire contract broken:\n{}",
+        wrong.join("\n")
+    );
 }
 
 #[test]
@@ -196,7 +201,10 @@ fn every_upstream_message_weft_defines_keeps_its_name() {
         .map(|k| k.rsplit_once('.').map_or(k.clone(), |(m, _)| m.to_owned()))
         .collect();
     let unknown: Vec<&String> = mine.difference(&up).collect();
-    assert!(unknown.is_empty(), "messages upstream does not have: {unknown:?}");
+    assert!(
+        unknown.is_empty(),
+        "messages upstream does not have: {unknown:?}"
+    );
 }
 
 #[test]
@@ -262,6 +270,8 @@ fn a_delta_request_uses_the_documented_field_numbers() {
     // type_url 2 → 0x12; response_nonce 6 → 0x32; error_detail 7 → 0x3a {code 1 → 0x08, message 2 → 0x12}.
     assert_eq!(
         r.encode_to_vec(),
-        vec![0x12, 1, b't', 0x32, 1, b'n', 0x3a, 5, 0x08, 3, 0x12, 1, b'm']
+        vec![
+            0x12, 1, b't', 0x32, 1, b'n', 0x3a, 5, 0x08, 3, 0x12, 1, b'm'
+        ]
     );
 }
