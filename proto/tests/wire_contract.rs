@@ -180,7 +180,8 @@ fn every_field_matches_the_upstream_definition() {
 #[test]
 fn istio_messages_are_complete() {
     let mine = ours();
-    let missing: Vec<&String> = upstream()
+    let up = upstream();
+    let missing: Vec<&String> = up
         .keys()
         .filter(|k| k.starts_with("istio."))
         .filter(|k| !mine.contains_key(*k))
