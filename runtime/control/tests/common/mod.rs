@@ -13,6 +13,7 @@ use std::time::Duration;
 use weft_control::{ControlConfig, Running};
 use weft_grpc_server::Authenticator;
 
+#[allow(unused_imports)]
 pub use client::{AdsClient, WAIT, channel, names, node, versions};
 
 /// Token of node-a, node-b, ... in the token file: `token-<node>`.
