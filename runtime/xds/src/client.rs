@@ -103,10 +103,9 @@ impl AdsClient {
             stop: watch::channel(false).0,
         });
         for (type_url, slot) in &shared.slots {
-            let span = info_span!("xds_type", source = %shared.cfg.name, type_url = %short(type_url));
-            tokio::spawn(
-                worker(shared.clone(), type_url.clone(), slot.clone()).instrument(span),
-            );
+            let span =
+                info_span!("xds_type", source = %shared.cfg.name, type_url = %short(type_url));
+            tokio::spawn(worker(shared.clone(), type_url.clone(), slot.clone()).instrument(span));
         }
         tokio::spawn(run(shared.clone()));
         Ok(XdsHandle { shared })
@@ -352,9 +351,8 @@ async fn stream(shared: &Arc<Shared>, connection: u64) -> (bool, Error) {
             ..Default::default()
         });
     }
-    let outbound = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|m| (m, rx))
-    });
+    let outbound =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
     let mut request = tonic::Request::new(outbound);
     if let Err(e) = connect::insert_headers(&shared.cfg, request.metadata_mut()).await {
         return (false, e);

@@ -52,8 +52,10 @@ impl NodeInfo {
                 Ok(parsed) => {
                     self.metadata.insert(key, json_value(parsed));
                 }
-                Err(e) => tracing::error!(variable = %format!("{META_JSON_PREFIX}{key}"), error = %e,
-                    "node metadata variable is not JSON; left out"),
+                Err(e) => {
+                    tracing::error!(variable = %format!("{META_JSON_PREFIX}{key}"), error = %e,
+                    "node metadata variable is not JSON; left out")
+                }
             }
         }
         self
@@ -157,7 +159,10 @@ mod tests {
         .with_env([
             ("ISTIO_META_CLUSTER_ID".to_owned(), "east".to_owned()),
             ("ISTIO_META_NAME".to_owned(), "override".to_owned()),
-            ("ISTIO_METAJSON_LABELS".to_owned(), r#"{"a":"b","n":[1,true]}"#.to_owned()),
+            (
+                "ISTIO_METAJSON_LABELS".to_owned(),
+                r#"{"a":"b","n":[1,true]}"#.to_owned(),
+            ),
             ("ISTIO_METAJSON_BAD".to_owned(), "{".to_owned()),
             ("PATH".to_owned(), "/bin".to_owned()),
         ]);

@@ -64,7 +64,7 @@ fn workload(uid: &str) -> Address {
             uid: uid.into(),
             name: "w".into(),
             namespace: "default".into(),
-            addresses: vec![vec![10, 0, 0, 1].into()],
+            addresses: vec![vec![10, 0, 0, 1]],
             ..Default::default()
         })),
     }
@@ -101,7 +101,10 @@ async fn initial_requests_headers_and_acks_as_ztunnel_sends_them() {
         .start()
         .unwrap();
     let mut conn = server.accept().await;
-    assert_eq!(conn.metadata.get("authorization").unwrap(), "Bearer token-1");
+    assert_eq!(
+        conn.metadata.get("authorization").unwrap(),
+        "Bearer token-1"
+    );
     assert_eq!(conn.metadata.get("clusterid").unwrap(), "east");
     for type_url in [ADDRESS, AUTHORIZATION] {
         let r = conn.next().await;
@@ -133,9 +136,15 @@ async fn initial_requests_headers_and_acks_as_ztunnel_sends_them() {
     let d = next(&mut addr_rx).await;
     assert_eq!(d.upserts.len(), 1);
     assert_eq!(d.upserts[0].name, "uid-1");
-    assert_eq!(d.upserts[0].decode::<Address>(ADDRESS).unwrap(), workload("uid-1"));
+    assert_eq!(
+        d.upserts[0].decode::<Address>(ADDRESS).unwrap(),
+        workload("uid-1")
+    );
     let ack = conn.next().await;
-    assert_eq!((ack.type_url.as_str(), ack.response_nonce.as_str()), (ADDRESS, "n1"));
+    assert_eq!(
+        (ack.type_url.as_str(), ack.response_nonce.as_str()),
+        (ADDRESS, "n1")
+    );
     assert!(ack.error_detail.is_none() && ack.node.is_none());
     // An empty first response still completes the sync of its type.
     conn.send(response(AUTHORIZATION, "a1", vec![], &[]));
@@ -175,7 +184,11 @@ async fn a_refused_resource_is_nacked_by_name_and_the_rest_applies() {
     ));
     let d = next(&mut rx).await;
     let names: Vec<&str> = d.upserts.iter().map(|u| u.name.as_str()).collect();
-    assert_eq!(names, ["bad", "good"], "the handler sees every resource with a body");
+    assert_eq!(
+        names,
+        ["bad", "good"],
+        "the handler sees every resource with a body"
+    );
     let nack = conn.next().await;
     assert_eq!(nack.response_nonce, "n1");
     let e = nack.error_detail.unwrap();
@@ -184,9 +197,16 @@ async fn a_refused_resource_is_nacked_by_name_and_the_rest_applies() {
         e.message,
         "bad: refused by the test; empty: the resource has no body"
     );
-    let s = within("the NACK recorded", client.wait_for(|s| s.of(ADDRESS).unwrap().nacks == 1)).await;
+    let s = within(
+        "the NACK recorded",
+        client.wait_for(|s| s.of(ADDRESS).unwrap().nacks == 1),
+    )
+    .await;
     let t = s.of(ADDRESS).unwrap();
-    assert!(t.synced, "a partly refused first response still completes the sync");
+    assert!(
+        t.synced,
+        "a partly refused first response still completes the sync"
+    );
     assert_eq!(t.resources, 1, "only the good resource is held");
     assert!(t.last_nack.as_ref().unwrap().solicited);
     client.stop();
@@ -213,11 +233,20 @@ async fn a_slow_handler_delays_only_its_own_type_and_its_responses_merge() {
         &[],
     ));
     // The Address handler is now stuck; Authorization is answered regardless.
-    within("the slow handler to start", client.wait_for(|s| s.of(ADDRESS).unwrap().responses == 1)).await;
+    within(
+        "the slow handler to start",
+        client.wait_for(|s| s.of(ADDRESS).unwrap().responses == 1),
+    )
+    .await;
     conn.send(response(
         AUTHORIZATION,
         "p1",
-        vec![resource(AUTHORIZATION, "ns/p", "1", &Authorization::default())],
+        vec![resource(
+            AUTHORIZATION,
+            "ns/p",
+            "1",
+            &Authorization::default(),
+        )],
         &[],
     ));
     assert_eq!(next(&mut fast_rx).await.upserts.len(), 1);
@@ -233,15 +262,28 @@ async fn a_slow_handler_delays_only_its_own_type_and_its_responses_merge() {
         &[],
     ));
     conn.send(response(ADDRESS, "n3", vec![], &["b"]));
-    within("both queued", client.wait_for(|s| s.of(ADDRESS).unwrap().queued == 2)).await;
+    within(
+        "both queued",
+        client.wait_for(|s| s.of(ADDRESS).unwrap().queued == 2),
+    )
+    .await;
     gate.add_permits(2);
     let first = next(&mut slow_rx).await;
-    assert_eq!((first.upserts[0].version.as_str(), first.responses), ("1", 1));
+    assert_eq!(
+        (first.upserts[0].version.as_str(), first.responses),
+        ("1", 1)
+    );
     assert_eq!(conn.next().await.response_nonce, "n1");
     let merged = next(&mut slow_rx).await;
     assert_eq!(merged.responses, 2);
     assert_eq!(merged.upserts.len(), 1);
-    assert_eq!((merged.upserts[0].name.as_str(), merged.upserts[0].version.as_str()), ("a", "2"));
+    assert_eq!(
+        (
+            merged.upserts[0].name.as_str(),
+            merged.upserts[0].version.as_str()
+        ),
+        ("a", "2")
+    );
     assert_eq!(merged.removals, ["b"]);
     assert_eq!(conn.next().await.response_nonce, "n3");
     client.stop();
@@ -297,10 +339,17 @@ async fn reconnects_with_the_versions_it_holds_and_a_fresh_token() {
     // The control plane dies mid-stream and comes back with the token rotated.
     std::fs::write(&pki.token, "token-2").unwrap();
     server.restart().await;
-    let s = within("the disconnect", client.wait_for(|s| s.connections == 2 || !s.connected)).await;
+    let s = within(
+        "the disconnect",
+        client.wait_for(|s| s.connections == 2 || !s.connected),
+    )
+    .await;
     assert!(s.synced, "a lost stream does not make the source unsynced");
     let mut conn = server.accept().await;
-    assert_eq!(conn.metadata.get("authorization").unwrap(), "Bearer token-2");
+    assert_eq!(
+        conn.metadata.get("authorization").unwrap(),
+        "Bearer token-2"
+    );
     let r = conn.next_of(ADDRESS).await;
     let held: Vec<(&str, &str)> = r
         .initial_resource_versions
@@ -309,9 +358,17 @@ async fn reconnects_with_the_versions_it_holds_and_a_fresh_token() {
         .collect::<std::collections::BTreeMap<_, _>>()
         .into_iter()
         .collect();
-    assert_eq!(held, [("a", "2"), ("bad", "2")], "what the node serves, not what it refused");
+    assert_eq!(
+        held,
+        [("a", "2"), ("bad", "2")],
+        "what the node serves, not what it refused"
+    );
     assert!(r.node.is_some());
-    let s = within("reconnected", client.wait_for(|s| s.connected && s.connections == 2)).await;
+    let s = within(
+        "reconnected",
+        client.wait_for(|s| s.connected && s.connections == 2),
+    )
+    .await;
     assert!(s.last_disconnect.is_some());
     client.stop();
 }
@@ -326,7 +383,10 @@ async fn unsolicited_nack_carries_details_on_the_latest_nonce() {
         .start()
         .unwrap();
     let rejection = Rejection::new("a", "rolled back: 9 of 10 calls trapped");
-    assert_eq!(client.nack(ADDRESS, &rejection, vec![]).unwrap(), NackSent::NotSent);
+    assert_eq!(
+        client.nack(ADDRESS, &rejection, vec![]).unwrap(),
+        NackSent::NotSent
+    );
     let mut conn = server.accept().await;
     conn.next_of(ADDRESS).await;
     conn.send(response(
@@ -337,13 +397,19 @@ async fn unsolicited_nack_carries_details_on_the_latest_nonce() {
     ));
     next(&mut rx).await;
     conn.next().await;
-    within("held", client.wait_for(|s| s.of(ADDRESS).unwrap().resources == 1)).await;
+    within(
+        "held",
+        client.wait_for(|s| s.of(ADDRESS).unwrap().resources == 1),
+    )
+    .await;
     let detail = prost_types::Any {
         type_url: weft_proto::type_url::ROLLBACK_REPORT.into(),
         value: vec![1, 2, 3],
     };
     assert_eq!(
-        client.nack(ADDRESS, &rejection, vec![detail.clone()]).unwrap(),
+        client
+            .nack(ADDRESS, &rejection, vec![detail.clone()])
+            .unwrap(),
         NackSent::Sent
     );
     let n = conn.next().await;
@@ -372,8 +438,16 @@ async fn a_response_of_a_type_not_subscribed_is_nacked() {
     conn.next_of(ADDRESS).await;
     conn.send(response(AUTHORIZATION, "x1", vec![], &[]));
     let n = conn.next().await;
-    assert_eq!((n.type_url.as_str(), n.response_nonce.as_str()), (AUTHORIZATION, "x1"));
-    assert!(n.error_detail.unwrap().message.contains("did not subscribe"));
+    assert_eq!(
+        (n.type_url.as_str(), n.response_nonce.as_str()),
+        (AUTHORIZATION, "x1")
+    );
+    assert!(
+        n.error_detail
+            .unwrap()
+            .message
+            .contains("did not subscribe")
+    );
     client.stop();
 }
 
@@ -388,8 +462,17 @@ async fn a_server_error_or_an_untrusted_certificate_is_retried() {
         .unwrap();
     let conn = server.accept().await;
     conn.fail(tonic::Status::unauthenticated("authentication failure"));
-    let s = within("the failure", client.wait_for(|s| s.last_disconnect.is_some())).await;
-    assert!(s.last_disconnect.unwrap().reason.contains("authentication failure"));
+    let s = within(
+        "the failure",
+        client.wait_for(|s| s.last_disconnect.is_some()),
+    )
+    .await;
+    assert!(
+        s.last_disconnect
+            .unwrap()
+            .reason
+            .contains("authentication failure")
+    );
     let _again = server.accept().await;
     client.stop();
 
@@ -399,10 +482,20 @@ async fn a_server_error_or_an_untrusted_certificate_is_retried() {
     cfg.root_cert = Some(other.root.clone());
     let (h, _rx) = Recorder::new(None);
     let client = AdsClient::new(cfg).subscribe(ADDRESS, h).start().unwrap();
-    let s = within("connect failures", client.wait_for(|s| s.connect_failures >= 2)).await;
+    let s = within(
+        "connect failures",
+        client.wait_for(|s| s.connect_failures >= 2),
+    )
+    .await;
     assert!(!s.connected && s.connections == 0);
     let why = s.last_connect_error.unwrap().reason;
-    assert!(why.contains("certificate") || why.contains("UnknownIssuer"), "{why}");
-    assert!(server.conns.try_recv().is_err(), "no stream reached the server");
+    assert!(
+        why.contains("certificate") || why.contains("UnknownIssuer"),
+        "{why}"
+    );
+    assert!(
+        server.conns.try_recv().is_err(),
+        "no stream reached the server"
+    );
     client.stop();
 }
