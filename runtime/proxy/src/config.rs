@@ -67,6 +67,10 @@ pub struct ProxyConfig {
     /// connection counts once however many streams it carries); `None` = unlimited. A connection over the cap is
     /// closed at once, logged (rate-limited) and counted in `weft_listener_connections_refused_total`.
     pub max_connections_per_listener: Option<usize>,
+    /// Dial a workload's PROXY application tunnel on loopback (127.0.0.1 / ::1) instead of the workload's address:
+    /// for in-pod mode, where weft runs inside the pod's network namespace and the application may listen on
+    /// loopback only (ztunnel's `LOCALHOST_APP_TUNNEL`, on by default there). Node mode: off.
+    pub app_tunnel_loopback: bool,
     /// HTTP/2 settings.
     pub h2: H2Config,
     /// HBONE connection pool settings.
@@ -91,6 +95,7 @@ impl ProxyConfig {
             idle_timeout: Duration::from_secs(3600),
             drain_deadline: Duration::from_secs(5),
             max_connections_per_listener: Some(DEFAULT_MAX_CONNECTIONS_PER_LISTENER),
+            app_tunnel_loopback: false,
             h2: H2Config::default(),
             pool: PoolConfig::default(),
         }

@@ -147,16 +147,18 @@ impl Inner {
         }
     }
 
-    /// Connect to the local workload an inbound connection is for; a failure is logged and reported here.
+    /// Connect to the local workload an inbound connection is for, at `dst` (from `bind` when given); a failure is
+    /// logged and reported here.
     pub(crate) async fn connect_workload(
         &self,
         record: &ConnectionRecord,
         via: Via,
+        dst: SocketAddr,
+        bind: Option<std::net::IpAddr>,
     ) -> Result<tokio::net::TcpStream, ()> {
-        let dst = record.dst;
         let r = tokio::time::timeout(
             self.cfg.connect_timeout,
-            crate::socket::connect(dst, self.cfg.mark, None),
+            crate::socket::connect(dst, self.cfg.mark, bind),
         )
         .await;
         let error = match r {
