@@ -337,6 +337,59 @@ pub(crate) fn forwarded_host(h: &HeaderMap) -> Option<&str> {
 mod tests {
     use super::*;
 
+    fn workload(tunnel: Option<weft_state::ApplicationTunnel>) -> Workload {
+        let mut cfg = weft_state::local::parse(
+            "workloads:\n- {uid: w, namespace: ns, workloadIps: [10.0.0.2]}\n",
+            std::path::Path::new("/"),
+        )
+        .unwrap();
+        let mut w = cfg.workloads.remove(0);
+        w.application_tunnel = tunnel;
+        w
+    }
+
+    #[test]
+    fn application_tunnels_pick_the_dialled_address() {
+        use weft_state::ApplicationTunnel as T;
+        let dst: SocketAddr = "10.0.0.2:8080".parse().unwrap();
+        let plain = AppTunnel::of(&workload(None), dst, true);
+        assert_eq!(
+            (plain.connect, plain.policy_dst, plain.proxy_protocol),
+            (dst, dst, false)
+        );
+        let proxy = T {
+            protocol: AppTunnelProtocol::Proxy,
+            port: Some(15088),
+        };
+        let node = AppTunnel::of(&workload(Some(proxy)), dst, false);
+        assert_eq!(node.connect, "10.0.0.2:15088".parse().unwrap());
+        assert_eq!(node.policy_dst, node.connect);
+        assert!(node.proxy_protocol && node.bind.is_none());
+        let pod = AppTunnel::of(&workload(Some(proxy)), dst, true);
+        assert_eq!(pod.connect, "127.0.0.1:15088".parse().unwrap());
+        assert_eq!(pod.bind, Some(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        assert_eq!(pod.policy_dst, "10.0.0.2:15088".parse().unwrap());
+        let same_port = T {
+            protocol: AppTunnelProtocol::Proxy,
+            port: None,
+        };
+        assert_eq!(
+            AppTunnel::of(&workload(Some(same_port)), dst, false).connect,
+            dst
+        );
+        let none = T {
+            protocol: AppTunnelProtocol::None,
+            port: Some(9000),
+        };
+        let n = AppTunnel::of(&workload(Some(none)), dst, true);
+        assert_eq!(
+            n.connect,
+            "10.0.0.2:9000".parse().unwrap(),
+            "only PROXY tunnels go to loopback"
+        );
+        assert!(!n.proxy_protocol);
+    }
+
     #[test]
     fn parses_forwarded_for() {
         let mut h = HeaderMap::new();
