@@ -104,6 +104,16 @@ fn parse_hbone(s: &str) -> Result<HboneListen, String> {
     }
 }
 
+fn parse_upstream(s: &str) -> Result<SocketAddr, String> {
+    let t = s.trim();
+    if let Ok(a) = t.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    t.parse::<std::net::IpAddr>()
+        .map(|ip| SocketAddr::new(ip, 53))
+        .map_err(|_| format!("{s:?}: expected ip or ip:port ([v6]:port)"))
+}
+
 fn parse_mark(s: &str) -> Result<u32, String> {
     let r = match s.strip_prefix("0x") {
         Some(h) => u32::from_str_radix(h, 16),
@@ -162,6 +172,21 @@ pub struct RunArgs {
     /// Port dialled on peers for HBONE.
     #[arg(long, default_value_t = 15008)]
     pub hbone_port: u16,
+    /// DNS proxy, UDP and TCP (`ip:port` or `off`): answers A/AAAA for mesh service names (and their short forms
+    /// through the pod's search domains) to the HBONE workloads of this node, by source address, and forwards
+    /// everything else to the node's resolvers; anyone else is refused. Point the pods' DNS capture here.
+    #[arg(long, env = "WEFT_DNS", default_value = "127.0.0.1:15053", value_parser = parse_listen)]
+    pub dns: Listen,
+    /// Resolvers the DNS proxy forwards to, comma-separated `ip` or `ip:port` (port 53 by default), tried in
+    /// order. Default: the `nameserver`s of --dns-resolv-conf.
+    #[arg(long, env = "WEFT_DNS_UPSTREAM", value_delimiter = ',', value_parser = parse_upstream)]
+    pub dns_upstream: Vec<SocketAddr>,
+    /// The resolv.conf the node's resolvers (and `options timeout:`/`attempts:`) are read from.
+    #[arg(long, env = "WEFT_DNS_RESOLV_CONF", default_value = "/etc/resolv.conf")]
+    pub dns_resolv_conf: PathBuf,
+    /// The cluster's DNS domain: pods search `<ns>.svc.<domain>`, `svc.<domain>` and `<domain>`.
+    #[arg(long, env = "CLUSTER_DOMAIN", default_value = "cluster.local")]
+    pub cluster_domain: String,
     /// Admin server (loopback only).
     #[arg(long, default_value = "127.0.0.1:15000", value_parser = parse_listen)]
     pub admin: Listen,

@@ -72,6 +72,8 @@ impl InPod {
         let mark = *base.mark.get_or_insert(weft_inpod::INPOD_MARK);
         weft_inpod::netns::check_capabilities(Some(mark))?;
         base.reuse_port = args.inpod_port_reuse;
+        // Inside the pod the application may listen on loopback only (ztunnel's LOCALHOST_APP_TUNNEL default).
+        base.app_tunnel_loopback = true;
         let sets = Arc::new(ProxyPods {
             base,
             ports: weft_inpod::PodPorts::default(),

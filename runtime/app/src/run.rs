@@ -48,6 +48,42 @@ fn proxy_config(a: &RunArgs) -> ProxyConfig {
     c
 }
 
+/// The DNS proxy's forwarder and server from the flags. A resolv.conf that cannot be read, or names no server,
+/// is logged and leaves the proxy without upstreams (mesh names are still answered; forwarded questions get
+/// SERVFAIL), so a node is never kept down by its forwarding setup.
+fn dns_server(
+    a: &RunArgs,
+    state: Arc<StateStore>,
+    metrics: Arc<weft_dns::DnsMetrics>,
+) -> weft_dns::DnsServer {
+    let mut fwd = weft_dns::ForwarderConfig::default();
+    if a.dns_upstream.is_empty() {
+        match weft_dns::resolv::load(&a.dns_resolv_conf) {
+            Ok(conf) => {
+                fwd.upstreams = conf.nameservers;
+                fwd.timeout = conf.timeout;
+                fwd.attempts = conf.attempts;
+            }
+            Err(e) => tracing::warn!(error = %e,
+                "DNS proxy has no upstream resolver: names outside the mesh will get SERVFAIL (set --dns-upstream)"),
+        }
+    } else {
+        fwd.upstreams = a.dns_upstream.clone();
+    }
+    tracing::info!(upstreams = ?fwd.upstreams, "DNS proxy forwards to");
+    let forwarder = Arc::new(weft_dns::Forwarder::new(
+        fwd,
+        Arc::new(weft_dns::NodeSockets { mark: a.mark }),
+        Arc::new(weft_dns::SystemClock::default()),
+        metrics.clone(),
+    ));
+    let cfg = weft_dns::DnsConfig {
+        cluster_domain: a.cluster_domain.clone(),
+        ..Default::default()
+    };
+    weft_dns::DnsServer::new(state, forwarder, cfg, metrics)
+}
+
 /// Identities of the HBONE workloads on this node (in-pod mode: of the pods weft serves): the only ones this
 /// node may hold certificates for.
 fn local_identities(
@@ -153,8 +189,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let hooks: Arc<dyn ConnectionHooks> = host.clone();
 
     let metrics = Arc::new(ProxyMetrics::default());
+    let dns_metrics = Arc::new(weft_dns::DnsMetrics::default());
     let mut registry = Registry::default();
     metrics.register(&mut registry);
+    dns_metrics.register(&mut registry);
     host.register_metrics(&mut registry);
     let inpod_status = (args.inpod.mode == crate::inpod::Mode::Inpod)
         .then(|| Arc::new(weft_inpod::Status::default()));
@@ -238,6 +276,32 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
                 weft_admin::serve(which, addr, handler.clone(), stop_admin.clone()).await?;
             }
         }
+        // The DNS proxy serves on the data-path runtime, bound before the node reports ready.
+        // In-pod mode has no node-wide listener: the DNS proxy is per pod (not served yet, see README).
+        let dns = match args.dns {
+            Listen::At(_) if inpod_status.is_some() => {
+                tracing::warn!("--dns is not served in in-pod mode yet (per-pod DNS proxy): no DNS proxy on this node");
+                None
+            }
+            Listen::At(addr) => {
+                let server = dns_server(&args, state.clone(), dns_metrics);
+                let node_name = args.node.clone();
+                let serving = data
+                    .spawn(async move {
+                        let sockets = weft_dns::DnsSockets::bind(addr).await?;
+                        server.serve(
+                            sockets,
+                            weft_dns::Clients::Node { node: node_name },
+                            CancellationToken::new(),
+                        )
+                    })
+                    .await
+                    .context("DNS proxy task")?
+                    .with_context(|| format!("cannot listen on {addr} (DNS proxy)"))?;
+                Some(serving)
+            }
+            Listen::Off => None,
+        };
         // In-pod mode: no shared listeners, one data path per pod the CNI node agent hands over.
         let mut inpod = None;
         let mut proxy = None;
@@ -273,6 +337,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             _ = term.recv() => tracing::info!("SIGTERM received"),
             r = tokio::signal::ctrl_c() => { r?; tracing::info!("SIGINT received") }
             () = quit.cancelled() => tracing::info!("/quitquitquit received"),
+        }
+        if let Some(dns) = dns {
+            data.spawn(async move { dns.stop().await }).await?;
         }
         if let Some(proxy) = proxy {
             data.spawn(async move { proxy.drain().await }).await?;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 pub struct NodeOptions {
     /// Node name (workloads with this `node` are its own).
     pub name: String,
-    /// Loopback address (e.g. 127.0.1.254) its admin, metrics, readiness and SOCKS5 servers bind to, on the
+    /// Loopback address (e.g. 127.0.1.254) its admin, metrics, readiness, SOCKS5 and DNS servers bind to, on the
     /// standard ports; a distinct one per node lets several nodes share the machine.
     pub control_ip: IpAddr,
     /// Mesh config file.
@@ -71,6 +71,8 @@ pub struct NodeProcess {
     pub readiness: SocketAddr,
     /// SOCKS5 listener.
     pub socks5: SocketAddr,
+    /// DNS proxy (UDP and TCP), unless `extra` turned it off or moved it.
+    pub dns: SocketAddr,
     /// Log file.
     pub log_path: PathBuf,
     netns: Option<String>,
@@ -103,7 +105,8 @@ impl NodeProcess {
     /// Start `weft run` with `opts`.
     pub fn spawn(weft: &Path, opts: &NodeOptions) -> std::io::Result<Self> {
         let at = |port| SocketAddr::new(opts.control_ip, port);
-        let (admin, metrics, readiness, socks5) = (at(15000), at(15020), at(15021), at(15080));
+        let (admin, metrics, readiness, socks5, dns) =
+            (at(15000), at(15020), at(15021), at(15080), at(15053));
         let mut args: Vec<String> = vec![
             "run".into(),
             "--node".into(),
@@ -120,6 +123,8 @@ impl NodeProcess {
             readiness.to_string(),
             "--socks5".into(),
             socks5.to_string(),
+            "--dns".into(),
+            dns.to_string(),
             "--log-format".into(),
             "json".into(),
             "--log".into(),
@@ -149,6 +154,7 @@ impl NodeProcess {
             metrics,
             readiness,
             socks5,
+            dns,
             log_path: opts.log_path.clone(),
             netns: opts.netns.clone(),
         })

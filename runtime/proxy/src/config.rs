@@ -100,6 +100,10 @@ pub struct ProxyConfig {
     pub pod: Option<LocalPod>,
     /// Listeners set `SO_REUSEPORT`, so a second weft can serve the same addresses during an upgrade.
     pub reuse_port: bool,
+    /// Dial a workload's PROXY application tunnel on loopback (127.0.0.1 / ::1) instead of the workload's address:
+    /// for in-pod mode, where weft runs inside the pod's network namespace and the application may listen on
+    /// loopback only (ztunnel's `LOCALHOST_APP_TUNNEL`, on by default there). Node mode: off.
+    pub app_tunnel_loopback: bool,
     /// HTTP/2 settings.
     pub h2: H2Config,
     /// HBONE connection pool settings.
@@ -126,6 +130,7 @@ impl ProxyConfig {
             max_connections_per_listener: Some(DEFAULT_MAX_CONNECTIONS_PER_LISTENER),
             pod: None,
             reuse_port: false,
+            app_tunnel_loopback: false,
             h2: H2Config::default(),
             pool: PoolConfig::default(),
         }

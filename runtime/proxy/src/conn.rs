@@ -147,14 +147,16 @@ impl Inner {
         }
     }
 
-    /// Connect to the local workload an inbound connection is for; a failure is logged and reported here.
+    /// Connect to the local workload an inbound connection is for, at `dst` (from `bind` when given); a failure is
+    /// logged and reported here.
     pub(crate) async fn connect_workload(
         &self,
         record: &ConnectionRecord,
         via: Via,
+        dst: SocketAddr,
+        bind: Option<std::net::IpAddr>,
     ) -> Result<tokio::net::TcpStream, ()> {
-        let dst = record.dst;
-        let r = tokio::time::timeout(self.cfg.connect_timeout, self.dial(dst, None)).await;
+        let r = tokio::time::timeout(self.cfg.connect_timeout, self.dial(dst, bind)).await;
         let error = match r {
             Ok(Ok(s)) => return Ok(s),
             Ok(Err(e)) => format!("connect to {dst}: {e}"),

@@ -1,16 +1,18 @@
 //! Inbound HBONE: mutual TLS terminated with the destination workload's certificate (chosen by the local address
 //! the peer dialled), the peer's SPIFFE identity taken from its verified chain, then one CONNECT stream per
-//! tunnelled connection: authority checked, policy asked, the local workload dialled, bytes copied.
+//! tunnelled connection: authority checked, policy asked, the local workload dialled (on its application tunnel's
+//! port, with a PROXY v2 header first when it asks for one), bytes copied.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
 use http::{HeaderMap, Method, StatusCode};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use weft_hbone::InboundRequest;
 use weft_hooks::{ConnectionRecord, Direction, Verdict};
 use weft_identity::SpiffeId;
-use weft_state::TunnelProtocol;
+use weft_state::{AppTunnelProtocol, TunnelProtocol, Workload};
 
 use crate::conn::{Halves, Via};
 use crate::{Inner, socket};
@@ -184,11 +186,14 @@ impl Inner {
             .workload_by_ip(src.ip())
             .filter(|w| w.spiffe_id() == *peer_id)
             .map(|w| w.meta.clone());
+        // An application tunnel may move the port (and, in-pod, the address) the application is dialled on; as in
+        // ztunnel, policy and telemetry see the workload's address with the port actually dialled.
+        let tunnel = AppTunnel::of(&dst_wl, dst, self.cfg.app_tunnel_loopback);
         let record = Arc::new(ConnectionRecord {
             id: self.tracker.next_id(),
             direction: Direction::Inbound,
             src,
-            dst,
+            dst: tunnel.policy_dst,
             peer_identity: Some(peer_id.to_string()),
             src_workload: src_wl,
             dst_workload: Some(dst_wl.meta.clone()),
@@ -211,7 +216,10 @@ impl Inner {
             let _ = req.reject(StatusCode::UNAUTHORIZED);
             return;
         };
-        let Ok(upstream) = self.connect_workload(&record, via).await else {
+        let Ok(mut upstream) = self
+            .connect_workload(&record, via, tunnel.connect, tunnel.bind)
+            .await
+        else {
             let _ = req.reject(StatusCode::SERVICE_UNAVAILABLE);
             return;
         };
@@ -222,10 +230,77 @@ impl Inner {
                 return;
             }
         };
+        if tunnel.proxy_protocol {
+            // The original client and the CONNECT authority, and the verified peer identity, before any byte.
+            let header = crate::proxy_protocol::v2_header(src, dst, Some(peer_id.as_str()));
+            if let Err(e) = upstream.write_all(&header).await {
+                let error = format!("writing the PROXY header to {}: {e}", tunnel.connect);
+                self.failed(
+                    &record,
+                    via,
+                    "proxy_protocol",
+                    Verdict::Allow,
+                    error,
+                    "CONNECT",
+                );
+                return;
+            }
+        }
         let (tr, tw) = stream.into_split();
         let (ur, uw) = upstream.into_split();
         self.run(record, epoch, "hbone", via, Halves(tr, tw), Halves(ur, uw))
             .await;
+    }
+}
+
+/// Where an inbound HBONE stream goes, given the destination workload's application tunnel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct AppTunnel {
+    /// What policy and telemetry see as the destination: the workload's address and the port dialled.
+    policy_dst: SocketAddr,
+    /// The address dialled.
+    connect: SocketAddr,
+    /// The source address to bind when dialling (loopback for a loopback tunnel).
+    bind: Option<IpAddr>,
+    /// Whether a PROXY v2 header goes first.
+    proxy_protocol: bool,
+}
+
+impl AppTunnel {
+    /// `dst` is the CONNECT authority (a local workload's address). No tunnel: dial it as it is. A tunnel: its
+    /// port (or the authority's); a PROXY tunnel is dialled on loopback when `loopback` (in-pod: ztunnel's
+    /// LOCALHOST_APP_TUNNEL, so the application may listen on loopback only), else on the workload's address.
+    fn of(wl: &Workload, dst: SocketAddr, loopback: bool) -> Self {
+        let Some(t) = wl.application_tunnel else {
+            return Self {
+                policy_dst: dst,
+                connect: dst,
+                bind: None,
+                proxy_protocol: false,
+            };
+        };
+        let port = t.port.unwrap_or(dst.port());
+        let policy_dst = SocketAddr::new(dst.ip(), port);
+        let proxy_protocol = t.protocol == AppTunnelProtocol::Proxy;
+        if proxy_protocol && loopback {
+            let lo = if dst.is_ipv4() {
+                IpAddr::V4(Ipv4Addr::LOCALHOST)
+            } else {
+                IpAddr::V6(Ipv6Addr::LOCALHOST)
+            };
+            return Self {
+                policy_dst,
+                connect: SocketAddr::new(lo, port),
+                bind: Some(lo),
+                proxy_protocol,
+            };
+        }
+        Self {
+            policy_dst,
+            connect: policy_dst,
+            bind: None,
+            proxy_protocol,
+        }
     }
 }
 
@@ -261,6 +336,59 @@ pub(crate) fn forwarded_host(h: &HeaderMap) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn workload(tunnel: Option<weft_state::ApplicationTunnel>) -> Workload {
+        let mut cfg = weft_state::local::parse(
+            "workloads:\n- {uid: w, namespace: ns, workloadIps: [10.0.0.2]}\n",
+            std::path::Path::new("/"),
+        )
+        .unwrap();
+        let mut w = cfg.workloads.remove(0);
+        w.application_tunnel = tunnel;
+        w
+    }
+
+    #[test]
+    fn application_tunnels_pick_the_dialled_address() {
+        use weft_state::ApplicationTunnel as T;
+        let dst: SocketAddr = "10.0.0.2:8080".parse().unwrap();
+        let plain = AppTunnel::of(&workload(None), dst, true);
+        assert_eq!(
+            (plain.connect, plain.policy_dst, plain.proxy_protocol),
+            (dst, dst, false)
+        );
+        let proxy = T {
+            protocol: AppTunnelProtocol::Proxy,
+            port: Some(15088),
+        };
+        let node = AppTunnel::of(&workload(Some(proxy)), dst, false);
+        assert_eq!(node.connect, "10.0.0.2:15088".parse().unwrap());
+        assert_eq!(node.policy_dst, node.connect);
+        assert!(node.proxy_protocol && node.bind.is_none());
+        let pod = AppTunnel::of(&workload(Some(proxy)), dst, true);
+        assert_eq!(pod.connect, "127.0.0.1:15088".parse().unwrap());
+        assert_eq!(pod.bind, Some(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        assert_eq!(pod.policy_dst, "10.0.0.2:15088".parse().unwrap());
+        let same_port = T {
+            protocol: AppTunnelProtocol::Proxy,
+            port: None,
+        };
+        assert_eq!(
+            AppTunnel::of(&workload(Some(same_port)), dst, false).connect,
+            dst
+        );
+        let none = T {
+            protocol: AppTunnelProtocol::None,
+            port: Some(9000),
+        };
+        let n = AppTunnel::of(&workload(Some(none)), dst, true);
+        assert_eq!(
+            n.connect,
+            "10.0.0.2:9000".parse().unwrap(),
+            "only PROXY tunnels go to loopback"
+        );
+        assert!(!n.proxy_protocol);
+    }
 
     #[test]
     fn parses_forwarded_for() {

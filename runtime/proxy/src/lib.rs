@@ -11,6 +11,7 @@ mod inbound;
 pub mod metrics;
 pub mod outbound;
 mod plaintext;
+pub mod proxy_protocol;
 pub mod relay;
 pub mod socket;
 mod socks5;

@@ -52,7 +52,10 @@ impl Inner {
         let Ok(epoch) = self.authorize_inbound(&record, Via::NONE) else {
             return;
         };
-        let Ok(upstream) = self.connect_workload(&record, Via::NONE).await else {
+        let Ok(upstream) = self
+            .connect_workload(&record, Via::NONE, record.dst, None)
+            .await
+        else {
             return;
         };
         let (cr, cw) = client.into_split();
