@@ -22,6 +22,8 @@ pub struct MeshState {
     pub plugins: BTreeMap<String, Arc<PluginSpec>>,
     by_ip: HashMap<IpAddr, Arc<Workload>>,
     by_vip: HashMap<IpAddr, Arc<Service>>,
+    /// Services by hostname, lowercased (one hostname may exist in several namespaces).
+    by_host: HashMap<String, Vec<Arc<Service>>>,
     endpoints: HashMap<String, Vec<Arc<Workload>>>,
     rr: AtomicUsize,
 }
@@ -90,6 +92,10 @@ impl MeshState {
             for (_, vip) in &svc.vips {
                 s.by_vip.insert(*vip, svc.clone());
             }
+            s.by_host
+                .entry(svc.hostname.to_ascii_lowercase())
+                .or_default()
+                .push(svc.clone());
             s.services.insert(svc.key(), svc);
         }
         for p in policies {
@@ -109,6 +115,24 @@ impl MeshState {
     /// The service whose VIP is `ip`, if any.
     pub fn service_by_vip(&self, ip: IpAddr) -> Option<&Arc<Service>> {
         self.by_vip.get(&ip)
+    }
+
+    /// The services with this hostname (compared without case), in the order the source listed them.
+    pub fn services_by_host(&self, hostname: &str) -> &[Arc<Service>] {
+        let found = if hostname.bytes().any(|b| b.is_ascii_uppercase()) {
+            self.by_host.get(&hostname.to_ascii_lowercase())
+        } else {
+            self.by_host.get(hostname)
+        };
+        found.map(Vec::as_slice).unwrap_or_default()
+    }
+
+    /// Every workload that backs the service `key` (`namespace/hostname`), healthy or not.
+    pub fn endpoints_of(&self, key: &str) -> &[Arc<Workload>] {
+        self.endpoints
+            .get(key)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
     }
 
     /// Workloads that run on `node`.

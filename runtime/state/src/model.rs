@@ -48,9 +48,32 @@ pub struct Workload {
     pub services: BTreeMap<String, BTreeMap<u16, u16>>,
     /// Whether it is healthy (unhealthy workloads are not picked as service endpoints).
     pub healthy: bool,
+    /// How inbound HBONE traffic is handed to the application, when not as plain TCP to the CONNECT port
+    /// (ztunnel's `applicationTunnel`; xDS `Workload.application_tunnel`).
+    pub application_tunnel: Option<ApplicationTunnel>,
     /// Metadata handed to hooks (built once from the fields above).
     #[serde(skip)]
     pub meta: Arc<WorkloadMeta>,
+}
+
+/// The protocol of a workload's application tunnel (xDS `ApplicationTunnel.Protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum AppTunnelProtocol {
+    /// Plain bytes (only the port may differ from the CONNECT port).
+    None,
+    /// A PROXY protocol v2 header first (source, destination, TLV 0xD0 = the peer's SPIFFE id), then the bytes.
+    Proxy,
+}
+
+/// How inbound HBONE traffic reaches a workload's application (ztunnel's `ApplicationTunnel`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApplicationTunnel {
+    /// What is written before the bytes.
+    pub protocol: AppTunnelProtocol,
+    /// The port the application listens on for tunnelled traffic; `None`: the CONNECT port.
+    pub port: Option<u16>,
 }
 
 impl Workload {
@@ -79,6 +102,13 @@ pub struct Service {
     pub ports: BTreeMap<u16, u16>,
     /// Extra identities a server for this service may present.
     pub subject_alt_names: Vec<String>,
+    /// The address families the service serves (`None`: as its addresses are); decides the DNS record types of a
+    /// headless service, whose endpoints may be dual-stack.
+    pub ip_families: Option<IpFamilies>,
+    /// Which clients may resolve it by name.
+    pub visibility: Visibility,
+    /// Preferred over same-hostname services of other namespaces (the client's own namespace wins first).
+    pub canonical: bool,
 }
 
 impl Service {
@@ -86,6 +116,50 @@ impl Service {
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.hostname)
     }
+
+    /// Headless: no VIP; a name lookup returns the endpoints' addresses.
+    pub fn is_headless(&self) -> bool {
+        self.vips.is_empty()
+    }
+
+    /// Whether a client in `namespace` may see this service.
+    pub fn visible_to(&self, namespace: &str) -> bool {
+        self.visibility == Visibility::Public || self.namespace == namespace
+    }
+}
+
+/// A service's address families (xDS `IPFamilies`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum IpFamilies {
+    /// IPv4 and IPv6.
+    Dual,
+    /// IPv4 only.
+    #[serde(rename = "IPv4")]
+    Ipv4,
+    /// IPv6 only.
+    #[serde(rename = "IPv6")]
+    Ipv6,
+}
+
+impl IpFamilies {
+    /// Whether an address of this kind belongs to the families.
+    pub fn accepts(&self, ip: IpAddr) -> bool {
+        match self {
+            IpFamilies::Dual => true,
+            IpFamilies::Ipv4 => ip.is_ipv4(),
+            IpFamilies::Ipv6 => ip.is_ipv6(),
+        }
+    }
+}
+
+/// Who may resolve a service by name (xDS `Service.visibility`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub enum Visibility {
+    /// Every client.
+    #[default]
+    Public,
+    /// Clients in the service's own namespace only.
+    Namespace,
 }
 
 /// Where a policy applies.

@@ -10,7 +10,8 @@ use std::path::Path;
 use ipnet::IpNet;
 use weft_state::local::{load, parse};
 use weft_state::{
-    PolicyAction, PolicyMatch, PolicyScope, ServiceAccountMatch, StringMatch, TunnelProtocol,
+    AppTunnelProtocol, ApplicationTunnel, IpFamilies, PolicyAction, PolicyMatch, PolicyScope,
+    ServiceAccountMatch, StringMatch, TunnelProtocol, Visibility,
 };
 
 fn ip(s: &str) -> IpAddr {
@@ -130,6 +131,13 @@ workloads:
     assert_eq!(w.trust_domain, "td.example");
     assert_eq!(w.spiffe_id(), "spiffe://td.example/ns/shop/sa/cart");
     assert_eq!(w.waypoint.as_deref(), Some("/10.1.0.100"));
+    assert_eq!(
+        w.application_tunnel,
+        Some(ApplicationTunnel {
+            protocol: AppTunnelProtocol::Proxy,
+            port: Some(15088)
+        })
+    );
     assert!(!w.healthy);
     assert_eq!(w.network, "net1");
     assert_eq!(
@@ -182,6 +190,7 @@ fn workload_defaults() {
     assert!(w.healthy);
     assert!(w.services.is_empty(), "services is optional in weft");
     assert!(w.waypoint.is_none());
+    assert!(w.application_tunnel.is_none());
     assert_eq!(w.meta.uid, w.uid);
     assert_eq!(w.meta.service_account, "default");
     assert_eq!(w.meta.trust_domain, "cluster.local");
@@ -263,8 +272,62 @@ services:
         cfg.workloads[1].services["shop/cart.example"],
         [(80, 9090)].into()
     );
+    assert_eq!(s.ip_families, Some(IpFamilies::Dual));
+    assert_eq!(s.visibility, Visibility::Namespace);
+    assert!(s.canonical);
+    assert!(s.visible_to("shop") && !s.visible_to("other"));
     // vips and ports are optional in weft.
-    assert!(cfg.services[1].vips.is_empty() && cfg.services[1].ports.is_empty());
+    let bare = &cfg.services[1];
+    assert!(bare.vips.is_empty() && bare.ports.is_empty());
+    assert!(bare.is_headless());
+    assert_eq!(bare.ip_families, None);
+    assert_eq!(bare.visibility, Visibility::Public);
+    assert!(!bare.canonical && bare.visible_to("other"));
+}
+
+#[test]
+fn application_tunnel_forms() {
+    let cfg = parse(
+        r#"
+workloads:
+- {uid: a, namespace: ns, workloadIps: [10.0.0.1], applicationTunnel: {protocol: PROXY}}
+- {uid: b, namespace: ns, workloadIps: [10.0.0.2], applicationTunnel: {protocol: NONE, port: 9000}}
+- {uid: c, namespace: ns, workloadIps: [10.0.0.3], applicationTunnel: {protocol: PROXY, port: 0}}
+services:
+- {name: v4, namespace: ns, hostname: v4.example, ipFamilies: IPv4}
+- {name: v6, namespace: ns, hostname: v6.example, ipFamilies: IPv6}
+"#,
+        Path::new("/"),
+    )
+    .unwrap();
+    let t: Vec<_> = cfg.workloads.iter().map(|w| w.application_tunnel).collect();
+    assert_eq!(
+        t,
+        vec![
+            Some(ApplicationTunnel {
+                protocol: AppTunnelProtocol::Proxy,
+                port: None
+            }),
+            Some(ApplicationTunnel {
+                protocol: AppTunnelProtocol::None,
+                port: Some(9000)
+            }),
+            // Port 0 means "the CONNECT port", as xDS's unset 0 does.
+            Some(ApplicationTunnel {
+                protocol: AppTunnelProtocol::Proxy,
+                port: None
+            }),
+        ]
+    );
+    assert_eq!(cfg.services[0].ip_families, Some(IpFamilies::Ipv4));
+    assert_eq!(cfg.services[1].ip_families, Some(IpFamilies::Ipv6));
+    let err = parse(
+        "workloads:\n- {uid: a, namespace: ns, applicationTunnel: {protocol: HTTP}}\n",
+        Path::new("/"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("applicationTunnel"), "{err}");
 }
 
 #[test]

@@ -166,3 +166,32 @@ fn local_workloads_by_node() {
         "ports"
     );
 }
+
+#[test]
+fn services_by_hostname_and_their_endpoints() {
+    let cfg = parse(
+        r#"
+workloads:
+- {uid: a, namespace: ns1, workloadIps: [10.0.0.1], services: {ns1/db.example: {}}}
+- {uid: b, namespace: ns1, workloadIps: [10.0.0.2], status: Unhealthy, services: {ns1/db.example: {}}}
+services:
+- {name: db, namespace: ns1, hostname: db.example}
+- {name: db, namespace: ns2, hostname: DB.Example, vips: [/10.96.0.9]}
+"#,
+        Path::new("/"),
+    )
+    .unwrap();
+    let s = cfg.into_state(1);
+    let keys =
+        |host: &str| -> Vec<String> { s.services_by_host(host).iter().map(|v| v.key()).collect() };
+    assert_eq!(keys("db.example"), ["ns1/db.example", "ns2/DB.Example"]);
+    assert_eq!(keys("DB.EXAMPLE"), keys("db.example"));
+    assert!(keys("nope.example").is_empty());
+    let eps: Vec<&str> = s
+        .endpoints_of("ns1/db.example")
+        .iter()
+        .map(|w| w.uid.as_str())
+        .collect();
+    assert_eq!(eps, ["a", "b"], "unhealthy endpoints included");
+    assert!(s.endpoints_of("ns2/DB.Example").is_empty());
+}

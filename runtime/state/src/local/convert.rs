@@ -9,12 +9,13 @@ use weft_hooks::WorkloadMeta;
 
 use super::values::{CidrValue, StringMatchWire};
 use super::wire::{
-    ActionWire, HealthWire, MatchWire, PolicyWire, ProtocolWire, ScopeWire,
-    ServiceAccountMatchWire, ServiceWire, WorkloadWire,
+    ActionWire, AppTunnelProtocolWire, ApplicationTunnelWire, HealthWire, IpFamilyWire, MatchWire,
+    PolicyWire, ProtocolWire, ScopeWire, ServiceAccountMatchWire, ServiceWire, VisibilityWire,
+    WorkloadWire,
 };
 use crate::model::{
-    Policy, PolicyAction, PolicyMatch, PolicyScope, Service, ServiceAccountMatch, StringMatch,
-    TunnelProtocol, Workload,
+    AppTunnelProtocol, ApplicationTunnel, IpFamilies, Policy, PolicyAction, PolicyMatch,
+    PolicyScope, Service, ServiceAccountMatch, StringMatch, TunnelProtocol, Visibility, Workload,
 };
 
 /// Trust domain of workloads that leave it empty.
@@ -71,7 +72,18 @@ pub(crate) fn workload(w: WorkloadWire) -> Workload {
         waypoint: w.waypoint.map(|g| g.destination.0),
         services,
         healthy: w.status == HealthWire::Healthy,
+        application_tunnel: w.application_tunnel.map(application_tunnel),
         meta: Arc::new(meta),
+    }
+}
+
+fn application_tunnel(t: ApplicationTunnelWire) -> ApplicationTunnel {
+    ApplicationTunnel {
+        protocol: match t.protocol {
+            AppTunnelProtocolWire::None => AppTunnelProtocol::None,
+            AppTunnelProtocolWire::Proxy => AppTunnelProtocol::Proxy,
+        },
+        port: t.port.filter(|p| *p != 0),
     }
 }
 
@@ -114,6 +126,16 @@ pub(crate) fn service(s: ServiceWire) -> Service {
         vips: s.vips.into_iter().map(|v| (v.network, v.ip)).collect(),
         ports: s.ports.into_iter().map(|(p, t)| (p.0, t)).collect(),
         subject_alt_names: s.subject_alt_names,
+        ip_families: s.ip_families.map(|f| match f {
+            IpFamilyWire::Dual => IpFamilies::Dual,
+            IpFamilyWire::Ipv4 => IpFamilies::Ipv4,
+            IpFamilyWire::Ipv6 => IpFamilies::Ipv6,
+        }),
+        visibility: match s.visibility {
+            VisibilityWire::Public => Visibility::Public,
+            VisibilityWire::Namespace => Visibility::Namespace,
+        },
+        canonical: s.canonical,
     }
 }
 

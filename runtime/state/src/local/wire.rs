@@ -87,10 +87,10 @@ fn default_hbone_port() -> u16 {
     15008
 }
 
-/// ztunnel's `ApplicationTunnel` (accepted, unused).
+/// ztunnel's `ApplicationTunnel`: how inbound HBONE traffic is handed to the application (`port` 0 or absent: the
+/// CONNECT port, as xDS's unset 0 means).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[allow(dead_code, reason = "accepted for ztunnel compatibility")]
 pub(crate) struct ApplicationTunnelWire {
     pub protocol: AppTunnelProtocolWire,
     #[serde(default)]
