@@ -7,6 +7,7 @@ pub mod default_plugins;
 pub mod demo;
 pub mod logging;
 pub mod run;
+pub mod xds;
 
 use cli::{CaCommand, Cli, Command};
 
