@@ -7,7 +7,7 @@
 #
 #   docker build -t weft:dev .
 
-# Keep in step with rust-toolchain.toml (tests/packaging checks it).
+# Keep in step with rust-toolchain.toml (conformance/packaging checks it).
 ARG RUST_VERSION=1.95.0
 
 FROM docker.io/library/rust:${RUST_VERSION}-bookworm AS build

@@ -60,15 +60,6 @@ pub struct CaService {
     pub counters: Arc<CaCounters>,
 }
 
-fn bearer(req: &Request<IstioCertificateRequest>) -> Option<String> {
-    let v = req.metadata().get("authorization")?.to_str().ok()?;
-    let (scheme, token) = v.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim().to_owned())
-        .filter(|t| !t.is_empty())
-}
-
 /// One audit line: who asked for what, and the verdict.
 fn audit(cluster: &str, caller: Option<&Caller>, identity: &str, allowed: bool, reason: &str) {
     let node = caller.and_then(|c| c.node.as_deref()).unwrap_or("-");
@@ -142,7 +133,7 @@ impl CaService {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("-")
             .to_owned();
-        let token = bearer(&req);
+        let token = weft_grpc_server::request_bearer(&req);
         let body = req.into_inner();
         let asked =
             weft_proto::struct_string(body.metadata.as_ref(), weft_proto::IMPERSONATED_IDENTITY)

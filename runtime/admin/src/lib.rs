@@ -261,7 +261,7 @@ async fn route(
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
             )
         }
-        (Server::Admin, &Method::GET, "/config_dump") => {
+        (Server::Admin, &Method::GET, "/config_dump" | "/status") => {
             let body = serde_json::to_vec_pretty(&h.config_dump()).unwrap_or_default();
             text(StatusCode::OK, body, JSON)
         }

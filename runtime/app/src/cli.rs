@@ -1,5 +1,5 @@
 //! Command line and environment: `weft run` (the node proxy), `weft ca init` (a development root), `weft demo`
-//! (a two-node mesh on this machine).
+//! (a two-node mesh on this machine), `weft control` (the Delta ADS server, flags in `weft_control::cli`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -26,6 +26,9 @@ pub enum Command {
     Ca(CaCommand),
     /// Start a two-node mesh on 127.0.0.x, send traffic through it and show the mTLS identities.
     Demo(DemoArgs),
+    /// Serve the mesh and plugins to nodes over Delta ADS (the control plane for plugins, and for meshes
+    /// without istiod).
+    Control(Box<weft_control::cli::ControlArgs>),
 }
 
 /// `weft ca ...`

