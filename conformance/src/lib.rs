@@ -3,6 +3,7 @@
 
 pub mod load;
 pub mod netmesh;
+pub mod xdsmesh;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};

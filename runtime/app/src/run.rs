@@ -196,28 +196,30 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             .clone()
             .map(|c| weft_state::watch_file(c, state.clone(), args.config_poll));
         let _refresh = identity.spawn_refresher(Duration::from_secs(1));
+        // Subscribed before the first await: a source (xDS) may change the state while the plugins load, and that
+        // version must not be missed by either loop.
+        let mut plugins_rx = state.subscribe();
+        let mut identity_rx = state.subscribe();
         identity.retain(&local_identities(&state, &args.node));
+        {
+            let (state, identity, node_name) = (state.clone(), identity.clone(), args.node.clone());
+            tokio::spawn(async move {
+                while identity_rx.changed().await.is_ok() {
+                    identity.retain(&local_identities(&state, &node_name));
+                }
+            });
+        }
         // Plugins load before the first connection is accepted; later config versions are applied in order.
         let current = state.current();
         apply_plugins(&host, &current, args.default_plugins).await;
         plugins_applied.send_replace(current.version);
         {
             let (state, host) = (state.clone(), host.clone());
-            let mut rx = state.subscribe();
             tokio::spawn(async move {
-                while rx.changed().await.is_ok() {
+                while plugins_rx.changed().await.is_ok() {
                     let current = state.current();
                     apply_plugins(&host, &current, args.default_plugins).await;
                     plugins_applied.send_replace(current.version);
-                }
-            });
-        }
-        {
-            let (state, identity, node_name) = (state.clone(), identity.clone(), args.node.clone());
-            let mut rx = state.subscribe();
-            tokio::spawn(async move {
-                while rx.changed().await.is_ok() {
-                    identity.retain(&local_identities(&state, &node_name));
                 }
             });
         }
