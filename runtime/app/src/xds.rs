@@ -230,6 +230,16 @@ pub fn dump(state: &StateStore, handles: &[XdsHandle]) -> serde_json::Value {
     })
 }
 
+/// A per-source metric: name, help, type, and its value in a status.
+type SourceMetric = (
+    &'static str,
+    &'static str,
+    MetricType,
+    fn(&weft_xds::SourceStatus) -> u64,
+);
+/// A per-type counter: name, help, and its value in a type's status.
+type TypeCounter = (&'static str, &'static str, fn(&weft_xds::TypeStatus) -> u64);
+
 /// xDS counters and gauges per source and type.
 #[derive(Debug)]
 pub struct XdsCollector(pub Vec<XdsHandle>);
@@ -237,7 +247,7 @@ pub struct XdsCollector(pub Vec<XdsHandle>);
 impl Collector for XdsCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let statuses: Vec<_> = self.0.iter().map(XdsHandle::status).collect();
-        let per_source: [(&str, &str, MetricType, fn(&weft_xds::SourceStatus) -> u64); 3] = [
+        let per_source: [SourceMetric; 3] = [
             (
                 "weft_xds_connected",
                 "Whether the source's stream is open",
@@ -270,7 +280,7 @@ impl Collector for XdsCollector {
                 }
             }
         }
-        let per_type: [(&str, &str, fn(&weft_xds::TypeStatus) -> u64); 3] = [
+        let per_type: [TypeCounter; 3] = [
             ("weft_xds_responses", "Responses received", |t| t.responses),
             ("weft_xds_acks", "ACKs sent", |t| t.acks),
             ("weft_xds_nacks", "NACKs sent", |t| t.nacks),

@@ -83,5 +83,5 @@ fn served_resources_read_back_as_the_same_model() {
     else {
         panic!("not an upsert")
     };
-    assert_eq!(resource, Resource::Workload(w.clone()));
+    assert_eq!(resource, Resource::Workload(std::sync::Arc::new(w.clone())));
 }

@@ -21,13 +21,13 @@ pub const XDS_PRECEDENCE: i32 = 10;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resource {
     /// An xDS Address that is a workload.
-    Workload(Workload),
+    Workload(Arc<Workload>),
     /// An xDS Address that is a service.
-    Service(Service),
+    Service(Arc<Service>),
     /// An xDS Authorization.
-    Policy(Policy),
+    Policy(Arc<Policy>),
     /// A plugin spec (xDS extension config).
-    Plugin(PluginSpec),
+    Plugin(Arc<PluginSpec>),
 }
 
 impl Resource {
@@ -175,11 +175,11 @@ impl Contribution {
     }
 }
 
-fn upsert<T: PartialEq>(map: &mut BTreeMap<String, Arc<T>>, name: String, value: T) -> bool {
-    if map.get(&name).is_some_and(|old| **old == value) {
+fn upsert<T: PartialEq>(map: &mut BTreeMap<String, Arc<T>>, name: String, value: Arc<T>) -> bool {
+    if map.get(&name).is_some_and(|old| **old == *value) {
         return false;
     }
-    map.insert(name, Arc::new(value));
+    map.insert(name, value);
     true
 }
 

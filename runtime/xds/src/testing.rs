@@ -44,6 +44,12 @@ pub struct Pki {
     ca: weft_identity::LocalCa,
 }
 
+impl Default for Pki {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Pki {
     pub fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();

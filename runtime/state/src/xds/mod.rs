@@ -12,6 +12,7 @@ mod service;
 mod workload;
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use weft_proto::istio::workload::{Address, address};
 
@@ -70,10 +71,10 @@ pub(crate) fn ip(bytes: &[u8]) -> Result<IpAddr, String> {
 pub fn address_change(name: &str, a: Address) -> Result<Change, InvalidResource> {
     let resource = match a.r#type {
         Some(address::Type::Workload(w)) => {
-            Resource::Workload(workload(w).map_err(|e| e.within("workload"))?)
+            Resource::Workload(Arc::new(workload(w).map_err(|e| e.within("workload"))?))
         }
         Some(address::Type::Service(s)) => {
-            Resource::Service(service(s).map_err(|e| e.within("service"))?)
+            Resource::Service(Arc::new(service(s).map_err(|e| e.within("service"))?))
         }
         None => {
             return Err(InvalidResource::new(
@@ -95,6 +96,6 @@ pub fn authorization_change(
 ) -> Result<Change, InvalidResource> {
     Ok(Change::Upsert {
         name: name.to_owned(),
-        resource: Resource::Policy(authorization(a)?),
+        resource: Resource::Policy(Arc::new(authorization(a)?)),
     })
 }
