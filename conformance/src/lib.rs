@@ -5,6 +5,7 @@ pub mod cni;
 pub mod load;
 pub mod netmesh;
 pub mod podmesh;
+pub mod xdsmesh;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};

@@ -29,6 +29,10 @@ pub struct Node {
     pub registry: Registry,
     pub logs: LogControl,
     pub quit: CancellationToken,
+    /// A local config file was given (readiness waits for it to load).
+    pub needs_file: bool,
+    /// The xDS sources (readiness waits for their first complete sync).
+    pub xds: Vec<weft_xds::XdsHandle>,
     pub plugins: Box<dyn Fn() -> serde_json::Value + Send + Sync>,
 }
 
@@ -47,6 +51,7 @@ impl AdminHandler for Node {
             "workloads": s.workloads.values().map(|w| serde_json::to_value(w.as_ref()).unwrap_or_default()).collect::<Vec<_>>(),
             "services": s.services.values().map(|v| serde_json::to_value(v.as_ref()).unwrap_or_default()).collect::<Vec<_>>(),
             "policies": s.policies.values().map(|v| serde_json::to_value(v.as_ref()).unwrap_or_default()).collect::<Vec<_>>(),
+            "sources": crate::xds::dump(&self.state, &self.xds),
             "certificates": self.identity.dump(),
             "plugins": (self.plugins)(),
             "inpod": self.inpod.as_ref().map(|p| p.dump()),
@@ -60,9 +65,10 @@ impl AdminHandler for Node {
 
     fn readiness(&self) -> Result<(), Vec<String>> {
         let mut pending = Vec::new();
-        if !self.state.is_loaded() {
+        if self.needs_file && !self.state.is_loaded() {
             pending.push("config not loaded".to_owned());
         }
+        pending.extend(crate::xds::pending(&self.xds));
         match &self.inpod {
             Some(p) => pending.extend(p.not_ready()),
             None => {

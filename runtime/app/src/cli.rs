@@ -135,9 +135,13 @@ pub enum LogFormat {
 #[derive(Debug, Args)]
 #[command(args_override_self = true)]
 pub struct RunArgs {
-    /// Mesh config file (ztunnel's local-config format plus `plugins`); watched for edits.
-    #[arg(long, env = "WEFT_CONFIG")]
-    pub config: PathBuf,
+    /// Mesh config file (ztunnel's local-config format plus `plugins`); watched for edits. Optional with
+    /// --xds-address (both may be combined: the file is one more source, xDS wins a conflict).
+    #[arg(long, env = "WEFT_CONFIG", required_unless_present = "xds_address")]
+    pub config: Option<PathBuf>,
+    /// The mesh over xDS, and the node id sent.
+    #[command(flatten)]
+    pub xds: crate::xds::XdsArgs,
     /// This node's name (workloads with this `node` are local).
     #[arg(long, env = "NODE_NAME")]
     pub node: String,

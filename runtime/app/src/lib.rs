@@ -8,6 +8,7 @@ pub mod demo;
 pub mod inpod;
 pub mod logging;
 pub mod run;
+pub mod xds;
 
 use cli::{CaCommand, Cli, Command};
 

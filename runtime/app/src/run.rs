@@ -163,8 +163,23 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         .build()?;
 
     let state = Arc::new(StateStore::new());
-    weft_state::load_into(&args.config, &state)
-        .with_context(|| "loading the mesh config".to_owned())?;
+    if let Some(config) = &args.config {
+        weft_state::load_into(config, &state)
+            .with_context(|| "loading the mesh config".to_owned())?;
+    }
+    // The state version the plugin host runs (policies from xDS are ACKed once it does).
+    let (plugins_applied, plugins_applied_rx) = tokio::sync::watch::channel(0u64);
+    let xds = {
+        let _in_control = control.enter();
+        crate::xds::start(
+            &args.xds,
+            &args.node,
+            &args.cluster_id,
+            &state,
+            plugins_applied_rx,
+        )
+        .context("starting the xDS client")?
+    };
     let ca_settings = args.ca.settings(args.ca_dir.clone(), &args.cluster_id);
     let ca = weft_identity::select::build_ca(&ca_settings).context("setting up the CA client")?;
     if args.ca.ca_kind == crate::cli::CaKind::Local {
@@ -203,6 +218,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         state: state.clone(),
         identity: identity.clone(),
     }));
+    registry.register_collector(Box::new(crate::xds::XdsCollector(xds.clone())));
     let quit = CancellationToken::new();
     let node = Arc::new(Node {
         node: args.node.clone(),
@@ -213,36 +229,34 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         registry,
         logs,
         quit: quit.clone(),
+        needs_file: args.config.is_some(),
+        xds,
         plugins: {
             let host = host.clone();
             Box::new(move || serde_json::to_value(host.status()).unwrap_or_default())
         },
     });
     let pcfg = proxy_config(&args);
-    tracing::info!(node = %args.node, config = %args.config.display(), version = state.version(), "weft starting");
+    tracing::info!(node = %args.node, config = ?args.config, xds = ?args.xds.xds_address, version = state.version(),
+        "weft starting");
 
     control.block_on(async {
-        let _watch = weft_state::watch_file(args.config.clone(), state.clone(), args.config_poll);
+        let _watch = args
+            .config
+            .clone()
+            .map(|c| weft_state::watch_file(c, state.clone(), args.config_poll));
         let _refresh = identity.spawn_refresher(Duration::from_secs(1));
+        // Subscribed before the first await: a source (xDS) may change the state while the plugins load, and that
+        // version must not be missed by either loop.
+        let mut plugins_rx = state.subscribe();
+        let mut identity_rx = state.subscribe();
         identity.retain(&local_identities(
             &state,
             &args.node,
             inpod_status.as_deref(),
         ));
-        // Plugins load before the first connection is accepted; later config versions are applied in order.
-        apply_plugins(&host, &state.current(), args.default_plugins).await;
-        {
-            let (state, host) = (state.clone(), host.clone());
-            let mut rx = state.subscribe();
-            tokio::spawn(async move {
-                while rx.changed().await.is_ok() {
-                    apply_plugins(&host, &state.current(), args.default_plugins).await;
-                }
-            });
-        }
         {
             let (state, identity, node_name) = (state.clone(), identity.clone(), args.node.clone());
-            let mut rx = state.subscribe();
             let inpod = inpod_status.clone();
             let mut pods = inpod.as_ref().map(|s| s.subscribe());
             tokio::spawn(async move {
@@ -255,13 +269,27 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
                         }
                     };
                     let alive = tokio::select! {
-                        r = rx.changed() => r.is_ok(),
+                        r = identity_rx.changed() => r.is_ok(),
                         ok = pods_changed => ok,
                     };
                     if !alive {
                         return;
                     }
                     identity.retain(&local_identities(&state, &node_name, inpod.as_deref()));
+                }
+            });
+        }
+        // Plugins load before the first connection is accepted; later config versions are applied in order.
+        let current = state.current();
+        apply_plugins(&host, &current, args.default_plugins).await;
+        plugins_applied.send_replace(current.version);
+        {
+            let (state, host) = (state.clone(), host.clone());
+            tokio::spawn(async move {
+                while plugins_rx.changed().await.is_ok() {
+                    let current = state.current();
+                    apply_plugins(&host, &current, args.default_plugins).await;
+                    plugins_applied.send_replace(current.version);
                 }
             });
         }

@@ -8,8 +8,9 @@ use ipnet::IpNet;
 use weft_proto::istio::security as sec;
 use weft_proto::istio::workload as wl;
 use weft_state::{
-    Policy, PolicyAction, PolicyMatch, PolicyScope, Service, ServiceAccountMatch, StringMatch,
-    TunnelProtocol, Workload,
+    AppTunnelProtocol, GatewayAddress, GatewayDestination, IpFamilies, LbHealthPolicy, LbMode,
+    LbScope, Locality, NetworkMode, Policy, PolicyAction, PolicyMatch, PolicyScope, Service,
+    ServiceAccountMatch, StringMatch, TunnelProtocol, Visibility, Workload,
 };
 
 fn ip_bytes(ip: &IpAddr) -> Vec<u8> {
@@ -19,24 +20,32 @@ fn ip_bytes(ip: &IpAddr) -> Vec<u8> {
     }
 }
 
-/// A waypoint as the model keeps it (`network/IP` or `namespace/hostname`, ztunnel's local-config form).
-fn gateway(destination: &str) -> wl::GatewayAddress {
-    let (left, right) = destination.split_once('/').unwrap_or(("", destination));
-    let destination = match right.parse::<IpAddr>() {
-        Ok(ip) => wl::gateway_address::Destination::Address(wl::NetworkAddress {
-            network: left.to_owned(),
-            address: ip_bytes(&ip),
-            length: None,
-        }),
-        Err(_) => wl::gateway_address::Destination::Hostname(wl::NamespacedHostname {
-            namespace: left.to_owned(),
-            hostname: right.to_owned(),
+/// A waypoint or network gateway.
+fn gateway(g: &GatewayAddress) -> wl::GatewayAddress {
+    let destination = match &g.destination {
+        GatewayDestination::Address { network, ip } => {
+            wl::gateway_address::Destination::Address(wl::NetworkAddress {
+                network: network.clone(),
+                address: ip_bytes(ip),
+                length: None,
+            })
+        }
+        GatewayDestination::Hostname {
+            namespace,
+            hostname,
+        } => wl::gateway_address::Destination::Hostname(wl::NamespacedHostname {
+            namespace: namespace.clone(),
+            hostname: hostname.clone(),
         }),
     };
     wl::GatewayAddress {
         destination: Some(destination),
-        hbone_mtls_port: 15008,
+        hbone_mtls_port: g.hbone_mtls_port.into(),
     }
+}
+
+fn workload_type(t: &str) -> wl::WorkloadType {
+    wl::WorkloadType::from_str_name(&t.to_ascii_uppercase()).unwrap_or_default()
 }
 
 /// A workload as `istio.workload.Workload`.
@@ -54,7 +63,23 @@ pub fn workload(w: &Workload) -> wl::Workload {
         } as i32,
         trust_domain: w.trust_domain.clone(),
         service_account: w.service_account.clone(),
-        waypoint: w.waypoint.as_deref().map(gateway),
+        waypoint: w.waypoint.as_ref().map(gateway),
+        network_gateway: w.network_gateway.as_ref().map(gateway),
+        workload_type: workload_type(&w.workload_type) as i32,
+        hostname: w.hostname.clone(),
+        native_tunnel: w.native_tunnel,
+        network_mode: match w.network_mode {
+            NetworkMode::Standard => wl::NetworkMode::Standard,
+            NetworkMode::HostNetwork => wl::NetworkMode::HostNetwork,
+        } as i32,
+        application_tunnel: w.application_tunnel.map(|t| wl::ApplicationTunnel {
+            protocol: match t.protocol {
+                AppTunnelProtocol::None => wl::application_tunnel::Protocol::None,
+                AppTunnelProtocol::Proxy => wl::application_tunnel::Protocol::Proxy,
+            } as i32,
+            port: t.port.map_or(0, u32::from),
+        }),
+        capacity: (w.capacity != 1).then_some(w.capacity),
         node: w.node.clone(),
         canonical_name: meta.canonical_name.clone(),
         canonical_revision: meta.canonical_revision.clone(),
@@ -81,10 +106,10 @@ pub fn workload(w: &Workload) -> wl::Workload {
                 (key.clone(), wl::PortList { ports })
             })
             .collect(),
-        locality: (!meta.region.is_empty() || !meta.zone.is_empty()).then(|| wl::Locality {
-            region: meta.region.clone(),
-            zone: meta.zone.clone(),
-            subzone: String::new(),
+        locality: (w.locality != Locality::default()).then(|| wl::Locality {
+            region: w.locality.region.clone(),
+            zone: w.locality.zone.clone(),
+            subzone: w.locality.subzone.clone(),
         }),
         ..Default::default()
     }
@@ -104,6 +129,11 @@ pub fn service(s: &Service) -> wl::Service {
                 address: ip_bytes(ip),
                 length: None,
             })
+            .chain(s.cidr_vips.iter().map(|(network, net)| wl::NetworkAddress {
+                network: network.clone(),
+                address: ip_bytes(&net.addr()),
+                length: Some(net.prefix_len().into()),
+            }))
             .collect(),
         ports: s
             .ports
@@ -115,6 +145,54 @@ pub fn service(s: &Service) -> wl::Service {
             })
             .collect(),
         subject_alt_names: s.subject_alt_names.clone(),
+        waypoint: s.waypoint.as_ref().map(gateway),
+        weighted_waypoints: s
+            .weighted_waypoints
+            .iter()
+            .map(|w| wl::WeightedWaypoint {
+                destination: Some(gateway(&w.destination)),
+                weight: w.weight,
+            })
+            .collect(),
+        load_balancing: s.load_balancing.as_ref().map(|l| wl::LoadBalancing {
+            routing_preference: l
+                .routing_preference
+                .iter()
+                .map(|r| {
+                    use wl::load_balancing::Scope;
+                    (match r {
+                        LbScope::Region => Scope::Region,
+                        LbScope::Zone => Scope::Zone,
+                        LbScope::Subzone => Scope::Subzone,
+                        LbScope::Node => Scope::Node,
+                        LbScope::Cluster => Scope::Cluster,
+                        LbScope::Network => Scope::Network,
+                    }) as i32
+                })
+                .collect(),
+            mode: match l.mode {
+                LbMode::Standard => wl::load_balancing::Mode::UnspecifiedMode,
+                LbMode::Strict => wl::load_balancing::Mode::Strict,
+                LbMode::Failover => wl::load_balancing::Mode::Failover,
+                LbMode::Passthrough => wl::load_balancing::Mode::Passthrough,
+            } as i32,
+            health_policy: match l.health_policy {
+                LbHealthPolicy::OnlyHealthy => wl::load_balancing::HealthPolicy::OnlyHealthy,
+                LbHealthPolicy::AllowAll => wl::load_balancing::HealthPolicy::AllowAll,
+            } as i32,
+        }),
+        ip_families: match s.ip_families {
+            None => wl::IpFamilies::Automatic,
+            Some(IpFamilies::Ipv4) => wl::IpFamilies::Ipv4Only,
+            Some(IpFamilies::Ipv6) => wl::IpFamilies::Ipv6Only,
+            Some(IpFamilies::Dual) => wl::IpFamilies::Dual,
+        } as i32,
+        canonical: s.canonical,
+        ingress_use_waypoint: s.ingress_use_waypoint,
+        visibility: match s.visibility {
+            Visibility::Public => wl::service::Visibility::Public,
+            Visibility::Namespace => wl::service::Visibility::Namespace,
+        } as i32,
         ..Default::default()
     }
 }

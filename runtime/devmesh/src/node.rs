@@ -13,7 +13,7 @@ pub struct NodeOptions {
     /// Loopback address (e.g. 127.0.1.254) its admin, metrics, readiness, SOCKS5 and DNS servers bind to, on the
     /// standard ports; a distinct one per node lets several nodes share the machine.
     pub control_ip: IpAddr,
-    /// Mesh config file.
+    /// Mesh config file; an empty path: none (the mesh comes over xDS, see `extra`).
     pub config: PathBuf,
     /// Local CA directory.
     pub ca_dir: PathBuf,
@@ -111,8 +111,6 @@ impl NodeProcess {
             "run".into(),
             "--node".into(),
             opts.name.clone(),
-            "--config".into(),
-            opts.config.display().to_string(),
             "--ca-dir".into(),
             opts.ca_dir.display().to_string(),
             "--admin".into(),
@@ -132,6 +130,9 @@ impl NodeProcess {
             "--config-poll".into(),
             "50ms".into(),
         ];
+        if !opts.config.as_os_str().is_empty() {
+            args.extend(["--config".into(), opts.config.display().to_string()]);
+        }
         args.extend(opts.extra.iter().cloned());
         let log = std::fs::File::create(&opts.log_path)?;
         let mut cmd = match &opts.netns {

@@ -73,14 +73,35 @@ impl MeshState {
         policies: Vec<Policy>,
         plugins: Vec<PluginSpec>,
     ) -> Self {
+        Self::from_shared(
+            version,
+            workloads.into_iter().map(Arc::new),
+            services.into_iter().map(Arc::new),
+            policies.into_iter().map(Arc::new),
+            plugins.into_iter().map(Arc::new),
+        )
+    }
+
+    /// Build a snapshot from shared parts (the store's sources keep theirs, so a change copies no resource).
+    pub fn from_shared(
+        version: u64,
+        workloads: impl IntoIterator<Item = Arc<Workload>>,
+        services: impl IntoIterator<Item = Arc<Service>>,
+        policies: impl IntoIterator<Item = Arc<Policy>>,
+        plugins: impl IntoIterator<Item = Arc<PluginSpec>>,
+    ) -> Self {
         let mut s = MeshState {
             version,
             ..Default::default()
         };
         for w in workloads {
-            let w = Arc::new(w);
             for ip in &w.addresses {
-                s.by_ip.insert(*ip, w.clone());
+                if let Some(other) = s.by_ip.insert(*ip, w.clone())
+                    && other.uid != w.uid
+                {
+                    tracing::debug!(%ip, workload = %w.uid, other = %other.uid,
+                        "two workloads claim one IP; the later one (by uid) owns it");
+                }
             }
             for svc in w.services.keys() {
                 s.endpoints.entry(svc.clone()).or_default().push(w.clone());
@@ -88,7 +109,6 @@ impl MeshState {
             s.workloads.insert(w.uid.clone(), w);
         }
         for svc in services {
-            let svc = Arc::new(svc);
             for (_, vip) in &svc.vips {
                 s.by_vip.insert(*vip, svc.clone());
             }
@@ -99,10 +119,10 @@ impl MeshState {
             s.services.insert(svc.key(), svc);
         }
         for p in policies {
-            s.policies.insert(p.key(), Arc::new(p));
+            s.policies.insert(p.key(), p);
         }
         for p in plugins {
-            s.plugins.insert(p.name.clone(), Arc::new(p));
+            s.plugins.insert(p.name.clone(), p);
         }
         s
     }

@@ -9,6 +9,8 @@ use ipnet::IpNet;
 use serde::Serialize;
 use weft_hooks::WorkloadMeta;
 
+use crate::topology::{GatewayAddress, LoadBalancing, Locality, NetworkMode, WeightedWaypoint};
+
 /// How a workload is reached by peers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "UPPERCASE")]
@@ -42,8 +44,10 @@ pub struct Workload {
     pub protocol: TunnelProtocol,
     /// The node it runs on.
     pub node: String,
-    /// Waypoint address, if the workload has one (kept for the model; weft does not route via waypoints yet).
-    pub waypoint: Option<String>,
+    /// Its waypoint, if it has one (kept for the model; weft does not route via waypoints yet).
+    pub waypoint: Option<GatewayAddress>,
+    /// The gateway that reaches it from other networks.
+    pub network_gateway: Option<GatewayAddress>,
     /// Services this workload backs: `namespace/hostname` → service port → target port.
     pub services: BTreeMap<String, BTreeMap<u16, u16>>,
     /// Whether it is healthy (unhealthy workloads are not picked as service endpoints).
@@ -51,6 +55,28 @@ pub struct Workload {
     /// How inbound HBONE traffic is handed to the application, when not as plain TCP to the CONNECT port
     /// (ztunnel's `applicationTunnel`; xDS `Workload.application_tunnel`).
     pub application_tunnel: Option<ApplicationTunnel>,
+    /// The kind of its owner, lowercase as ztunnel names it (`deployment`, `cronjob`, `pod`, `job`).
+    pub workload_type: String,
+    /// Its owner's name (e.g. the Deployment).
+    pub workload_name: String,
+    /// Canonical service (`service.istio.io/canonical-name`).
+    pub canonical_name: String,
+    /// Canonical revision (`service.istio.io/canonical-revision`).
+    pub canonical_revision: String,
+    /// Cluster id (default `Kubernetes`).
+    pub cluster_id: String,
+    /// Its hostname, when it has one.
+    pub hostname: String,
+    /// Whether it speaks HBONE itself (no node proxy in front of it).
+    pub native_tunnel: bool,
+    /// Locality.
+    pub locality: Locality,
+    /// Network mode.
+    pub network_mode: NetworkMode,
+    /// `namespace/name` of the WORKLOAD_SELECTOR authorization policies that select it.
+    pub authorization_policies: Vec<String>,
+    /// Relative capacity for load balancing (default 1).
+    pub capacity: u32,
     /// Metadata handed to hooks (built once from the fields above).
     #[serde(skip)]
     pub meta: Arc<WorkloadMeta>,
@@ -76,7 +102,31 @@ pub struct ApplicationTunnel {
     pub port: Option<u16>,
 }
 
+/// The cluster id of a workload that leaves it empty (ztunnel's default).
+pub const DEFAULT_CLUSTER_ID: &str = "Kubernetes";
+
 impl Workload {
+    /// Set `meta` from the fields (and `labels`, which only plugins see).
+    pub fn with_meta(mut self, labels: Vec<(String, String)>) -> Self {
+        self.meta = Arc::new(WorkloadMeta {
+            uid: self.uid.clone(),
+            name: self.name.clone(),
+            namespace: self.namespace.clone(),
+            service_account: self.service_account.clone(),
+            trust_domain: self.trust_domain.clone(),
+            node: self.node.clone(),
+            workload_name: self.workload_name.clone(),
+            canonical_name: self.canonical_name.clone(),
+            canonical_revision: self.canonical_revision.clone(),
+            cluster_id: self.cluster_id.clone(),
+            region: self.locality.region.clone(),
+            zone: self.locality.zone.clone(),
+            labels,
+            authorization_policies: self.authorization_policies.clone(),
+        });
+        self
+    }
+
     /// `spiffe://<td>/ns/<ns>/sa/<sa>`.
     pub fn spiffe_id(&self) -> String {
         format!(
@@ -98,6 +148,8 @@ pub struct Service {
     pub hostname: String,
     /// Virtual IPs, each with its network.
     pub vips: Vec<(String, IpAddr)>,
+    /// Virtual address ranges, each with its network (an xDS address with a prefix length).
+    pub cidr_vips: Vec<(String, IpNet)>,
     /// Service port → target port (0 = same as the service port, or as the endpoint declares).
     pub ports: BTreeMap<u16, u16>,
     /// Extra identities a server for this service may present.
@@ -109,6 +161,14 @@ pub struct Service {
     pub visibility: Visibility,
     /// Preferred over same-hostname services of other namespaces (the client's own namespace wins first).
     pub canonical: bool,
+    /// Its waypoint, if it has one.
+    pub waypoint: Option<GatewayAddress>,
+    /// Weighted waypoints.
+    pub weighted_waypoints: Vec<WeightedWaypoint>,
+    /// Load-balancing settings.
+    pub load_balancing: Option<LoadBalancing>,
+    /// Whether traffic from ingress goes through the waypoint.
+    pub ingress_use_waypoint: bool,
 }
 
 impl Service {

@@ -10,8 +10,9 @@ use std::path::Path;
 use ipnet::IpNet;
 use weft_state::local::{load, parse};
 use weft_state::{
-    AppTunnelProtocol, ApplicationTunnel, IpFamilies, PolicyAction, PolicyMatch, PolicyScope,
-    ServiceAccountMatch, StringMatch, TunnelProtocol, Visibility,
+    AppTunnelProtocol, ApplicationTunnel, GatewayAddress, GatewayDestination, IpFamilies,
+    NetworkMode, PolicyAction, PolicyMatch, PolicyScope, ServiceAccountMatch, StringMatch,
+    TunnelProtocol, Visibility,
 };
 
 fn ip(s: &str) -> IpAddr {
@@ -130,7 +131,27 @@ workloads:
     assert_eq!(w.addresses, vec![ip("10.1.0.5"), ip("fd00::5")]);
     assert_eq!(w.trust_domain, "td.example");
     assert_eq!(w.spiffe_id(), "spiffe://td.example/ns/shop/sa/cart");
-    assert_eq!(w.waypoint.as_deref(), Some("/10.1.0.100"));
+    assert_eq!(
+        w.waypoint,
+        Some(GatewayAddress {
+            destination: GatewayDestination::Address {
+                network: String::new(),
+                ip: ip("10.1.0.100")
+            },
+            hbone_mtls_port: 15008
+        })
+    );
+    assert_eq!(
+        w.network_gateway
+            .as_ref()
+            .map(|g| g.destination.to_string()),
+        Some("net2/192.168.0.1".to_owned())
+    );
+    assert_eq!(w.workload_type, "deployment");
+    assert_eq!(w.locality.subzone, "rack3");
+    assert_eq!(w.network_mode, NetworkMode::HostNetwork);
+    assert_eq!((w.capacity, w.native_tunnel), (2, true));
+    assert_eq!(w.authorization_policies, ["shop/only-frontend"]);
     assert_eq!(
         w.application_tunnel,
         Some(ApplicationTunnel {

@@ -25,6 +25,8 @@ pub mod handler;
 pub mod node;
 mod pending;
 pub mod status;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use client::{AdsClient, NackSent, XdsHandle};
 pub use config::SourceConfig;

@@ -4,18 +4,16 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
-use common::{Pki, Server, resource, response, within};
 use futures_util::future::BoxFuture;
 use prost_types::value::Kind;
 use tokio::sync::{Semaphore, mpsc};
 use weft_proto::istio::security::Authorization;
 use weft_proto::istio::workload::{Address, Workload, address};
 use weft_proto::type_url::{ADDRESS, AUTHORIZATION};
+use weft_xds::testing::{Pki, Server, resource, response, within};
 use weft_xds::{AdsClient, Delta, Handler, NackSent, NodeInfo, Rejection, SourceConfig};
 
 /// A handler that reports every delta, refuses the names it is told to, and can be held back by a gate.
@@ -498,4 +496,51 @@ async fn a_server_error_or_an_untrusted_certificate_is_retried() {
         "no stream reached the server"
     );
     client.stop();
+}
+
+#[tokio::test]
+async fn several_sources_at_once_each_with_its_own_server_root_and_types() {
+    let (pki_a, pki_b) = (Pki::new(), Pki::new());
+    let mut mesh = Server::start(pki_a.server_tls(&["localhost"])).await;
+    let mut plugins = Server::start(pki_b.server_tls(&["127.0.0.1"])).await;
+    let (ha, mut rx_a) = Recorder::new(None);
+    let (hb, mut rx_b) = Recorder::new(None);
+    let a = AdsClient::new(config(&pki_a, &mesh))
+        .subscribe(ADDRESS, ha)
+        .start()
+        .unwrap();
+    let mut cfg_b = SourceConfig::new(
+        "plugins",
+        format!("https://127.0.0.1:{}", plugins.addr.port()),
+    );
+    cfg_b.root_cert = Some(pki_b.root.clone());
+    let b = AdsClient::new(cfg_b)
+        .subscribe(weft_proto::type_url::EXTENSION_CONFIG, hb)
+        .start()
+        .unwrap();
+    let mut ca = mesh.accept().await;
+    let mut cb = plugins.accept().await;
+    assert_eq!(ca.next().await.type_url, ADDRESS);
+    assert_eq!(
+        cb.next().await.type_url,
+        weft_proto::type_url::EXTENSION_CONFIG
+    );
+    assert!(
+        cb.metadata.get("authorization").is_none(),
+        "no token file, no header"
+    );
+    ca.send(response(ADDRESS, "a1", vec![], &[]));
+    cb.send(response(
+        weft_proto::type_url::EXTENSION_CONFIG,
+        "b1",
+        vec![],
+        &[],
+    ));
+    next(&mut rx_a).await;
+    next(&mut rx_b).await;
+    within("both synced", a.wait_for(|s| s.synced)).await;
+    within("both synced", b.wait_for(|s| s.synced)).await;
+    assert_eq!((a.name(), b.name()), ("mesh", "plugins"));
+    a.stop();
+    b.stop();
 }

@@ -5,17 +5,21 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use weft_hooks::WorkloadMeta;
 
 use super::values::{CidrValue, StringMatchWire};
 use super::wire::{
-    ActionWire, AppTunnelProtocolWire, ApplicationTunnelWire, HealthWire, IpFamilyWire, MatchWire,
-    PolicyWire, ProtocolWire, ScopeWire, ServiceAccountMatchWire, ServiceWire, VisibilityWire,
-    WorkloadWire,
+    ActionWire, AppTunnelProtocolWire, ApplicationTunnelWire, GatewayWire, HealthWire,
+    IpFamilyWire, LoadBalancerHealthWire, LoadBalancerModeWire, LoadBalancerScopeWire,
+    LoadBalancerWire, MatchWire, NetworkModeWire, PolicyWire, ProtocolWire, ScopeWire,
+    ServiceAccountMatchWire, ServiceWire, VisibilityWire, WorkloadWire,
 };
 use crate::model::{
     AppTunnelProtocol, ApplicationTunnel, IpFamilies, Policy, PolicyAction, PolicyMatch,
     PolicyScope, Service, ServiceAccountMatch, StringMatch, TunnelProtocol, Visibility, Workload,
+};
+use crate::topology::{
+    GatewayAddress, LbHealthPolicy, LbMode, LbScope, LoadBalancing, Locality, NetworkMode,
+    WeightedWaypoint,
 };
 
 /// Trust domain of workloads that leave it empty.
@@ -33,33 +37,18 @@ fn or_default(s: String, default: &str) -> String {
 
 pub(crate) fn workload(w: WorkloadWire) -> Workload {
     let uid = w.effective_uid();
-    let trust_domain = or_default(w.trust_domain, DEFAULT_TRUST_DOMAIN);
-    let service_account = or_default(w.service_account, DEFAULT_SERVICE_ACCOUNT);
+    let trust_domain = or_default(w.trust_domain.0, DEFAULT_TRUST_DOMAIN);
+    let service_account = or_default(w.service_account.0, DEFAULT_SERVICE_ACCOUNT);
     let services: BTreeMap<String, BTreeMap<u16, u16>> = w
         .services
         .into_iter()
         .map(|(k, ports)| (k.0, ports.into_iter().map(|(p, t)| (p.0, t)).collect()))
         .collect();
-    let meta = WorkloadMeta {
-        uid: uid.clone(),
-        name: w.name.clone(),
-        namespace: w.namespace.clone(),
-        service_account: service_account.clone(),
-        trust_domain: trust_domain.clone(),
-        node: w.node.clone(),
-        workload_name: w.workload_name,
-        canonical_name: w.canonical_name,
-        canonical_revision: w.canonical_revision,
-        cluster_id: w.cluster_id,
-        region: w.locality.region,
-        zone: w.locality.zone,
-        labels: w.labels.into_iter().map(|(k, v)| (k, v.0)).collect(),
-        authorization_policies: w.authorization_policies,
-    };
+    let labels = w.labels.into_iter().map(|(k, v)| (k, v.0)).collect();
     Workload {
         uid,
-        name: w.name,
-        namespace: w.namespace,
+        name: w.name.0,
+        namespace: w.namespace.0,
         service_account,
         trust_domain,
         addresses: w.workload_ips.into_iter().map(|ip| ip.0).collect(),
@@ -68,12 +57,39 @@ pub(crate) fn workload(w: WorkloadWire) -> Workload {
             ProtocolWire::Tcp => TunnelProtocol::Tcp,
             ProtocolWire::Hbone => TunnelProtocol::Hbone,
         },
-        node: w.node,
-        waypoint: w.waypoint.map(|g| g.destination.0),
+        node: w.node.0,
+        waypoint: w.waypoint.map(gateway),
+        network_gateway: w.network_gateway.map(gateway),
         services,
         healthy: w.status == HealthWire::Healthy,
         application_tunnel: w.application_tunnel.map(application_tunnel),
-        meta: Arc::new(meta),
+        workload_type: w.workload_type.to_ascii_lowercase(),
+        workload_name: w.workload_name,
+        canonical_name: w.canonical_name,
+        canonical_revision: w.canonical_revision,
+        cluster_id: w.cluster_id,
+        hostname: w.hostname.0,
+        native_tunnel: w.native_tunnel,
+        locality: Locality {
+            region: w.locality.region,
+            zone: w.locality.zone,
+            subzone: w.locality.subzone,
+        },
+        network_mode: match w.network_mode {
+            NetworkModeWire::Standard => NetworkMode::Standard,
+            NetworkModeWire::HostNetwork => NetworkMode::HostNetwork,
+        },
+        authorization_policies: w.authorization_policies.into_iter().map(|p| p.0).collect(),
+        capacity: w.capacity.unwrap_or(1),
+        meta: Arc::default(),
+    }
+    .with_meta(labels)
+}
+
+fn gateway(g: GatewayWire) -> GatewayAddress {
+    GatewayAddress {
+        destination: g.destination.0,
+        hbone_mtls_port: g.hbone_mtls_port,
     }
 }
 
@@ -96,7 +112,7 @@ pub(crate) fn fold_endpoints(workloads: &mut [Workload], services: &[ServiceWire
         .map(|(i, w)| (w.uid.clone(), i))
         .collect();
     for svc in services {
-        let key = format!("{}/{}", svc.namespace, svc.hostname);
+        let key = format!("{}/{}", svc.namespace.0, svc.hostname.0);
         for (uid, ep) in &svc.endpoints {
             let uid = if ep.workload_uid.is_empty() {
                 uid
@@ -120,10 +136,15 @@ pub(crate) fn fold_endpoints(workloads: &mut [Workload], services: &[ServiceWire
 
 pub(crate) fn service(s: ServiceWire) -> Service {
     Service {
-        name: s.name,
-        namespace: s.namespace,
-        hostname: s.hostname,
+        name: s.name.0,
+        namespace: s.namespace.0,
+        hostname: s.hostname.0,
         vips: s.vips.into_iter().map(|v| (v.network, v.ip)).collect(),
+        cidr_vips: s
+            .cidr_vips
+            .into_iter()
+            .map(|c| (c.network, c.cidr.0))
+            .collect(),
         ports: s.ports.into_iter().map(|(p, t)| (p.0, t)).collect(),
         subject_alt_names: s.subject_alt_names,
         ip_families: s.ip_families.map(|f| match f {
@@ -136,6 +157,44 @@ pub(crate) fn service(s: ServiceWire) -> Service {
             VisibilityWire::Namespace => Visibility::Namespace,
         },
         canonical: s.canonical,
+        waypoint: s.waypoint.map(gateway),
+        weighted_waypoints: s
+            .weighted_waypoints
+            .into_iter()
+            .map(|w| WeightedWaypoint {
+                destination: gateway(w.destination),
+                weight: w.weight,
+            })
+            .collect(),
+        load_balancing: s.load_balancer.map(load_balancing),
+        ingress_use_waypoint: false,
+    }
+}
+
+fn load_balancing(l: LoadBalancerWire) -> LoadBalancing {
+    LoadBalancing {
+        routing_preference: l
+            .routing_preferences
+            .into_iter()
+            .map(|r| match r {
+                LoadBalancerScopeWire::Region => LbScope::Region,
+                LoadBalancerScopeWire::Zone => LbScope::Zone,
+                LoadBalancerScopeWire::Subzone => LbScope::Subzone,
+                LoadBalancerScopeWire::Node => LbScope::Node,
+                LoadBalancerScopeWire::Cluster => LbScope::Cluster,
+                LoadBalancerScopeWire::Network => LbScope::Network,
+            })
+            .collect(),
+        mode: match l.mode {
+            None | Some(LoadBalancerModeWire::Standard) => LbMode::Standard,
+            Some(LoadBalancerModeWire::Strict) => LbMode::Strict,
+            Some(LoadBalancerModeWire::Failover) => LbMode::Failover,
+            Some(LoadBalancerModeWire::Passthrough) => LbMode::Passthrough,
+        },
+        health_policy: match l.health_policy {
+            None | Some(LoadBalancerHealthWire::OnlyHealthy) => LbHealthPolicy::OnlyHealthy,
+            Some(LoadBalancerHealthWire::AllowAll) => LbHealthPolicy::AllowAll,
+        },
     }
 }
 
@@ -182,8 +241,8 @@ fn policy_match(m: MatchWire) -> PolicyMatch {
 
 pub(crate) fn policy(p: PolicyWire) -> Policy {
     Policy {
-        name: p.name,
-        namespace: p.namespace,
+        name: p.name.0,
+        namespace: p.namespace.0,
         scope: match p.scope {
             ScopeWire::Global => PolicyScope::Global,
             ScopeWire::Namespace => PolicyScope::Namespace,

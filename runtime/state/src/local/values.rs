@@ -10,6 +10,9 @@ use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use ipnet::IpNet;
 use serde::de::{self, Deserialize, Deserializer, Visitor};
 
+use crate::topology::GatewayDestination;
+use crate::validate;
+
 /// A visitor for string scalars that runs `parse` inside `visit_str`, i.e. while the deserializer still knows where
 /// the value is.
 struct StrVisitor<F> {
@@ -103,23 +106,119 @@ impl<'de> Deserialize<'de> for VipValue {
     }
 }
 
-/// `namespace/hostname`, naming a service (keys of a workload's `services`, waypoint hostnames).
+/// `namespace/hostname`, naming a service (keys of a workload's `services`): both parts checked
+/// ([`validate::namespaced_hostname`]).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct NamespacedHost(pub String);
 
 impl<'de> Deserialize<'de> for NamespacedHost {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         from_str_with(d, "namespace/hostname", |s| {
-            if s.contains('/') {
-                Ok(NamespacedHost(s.to_owned()))
-            } else {
-                Err(format!(
-                    "invalid service name {s:?} (expected \"namespace/hostname\")"
-                ))
-            }
+            validate::namespaced_hostname(s).map(|_| NamespacedHost(s.to_owned()))
         })
     }
 }
+
+/// A waypoint's or gateway's destination: `network/IP` when the part after the first `/` is an IP, else
+/// `namespace/hostname` (ztunnel tries them in that order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct GatewayDestinationValue(pub GatewayDestination);
+
+impl<'de> Deserialize<'de> for GatewayDestinationValue {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        from_str_with(d, "network/IP or namespace/hostname", |s| {
+            let Some((left, right)) = s.split_once('/') else {
+                return Err(format!(
+                    "invalid gateway {s:?} (expected \"network/IP\" or \"namespace/hostname\")"
+                ));
+            };
+            if let Ok(ip) = IpAddr::from_str(right) {
+                return Ok(GatewayDestinationValue(GatewayDestination::Address {
+                    network: left.to_owned(),
+                    ip,
+                }));
+            }
+            validate::namespaced_hostname(s)?;
+            Ok(GatewayDestinationValue(GatewayDestination::Hostname {
+                namespace: left.to_owned(),
+                hostname: right.to_owned(),
+            }))
+        })
+    }
+}
+
+/// Strings checked by a function of `crate::validate` while their position is known.
+macro_rules! checked_string {
+    ($(#[$doc:meta])* $name:ident, $expecting:literal, $check:expr) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord)]
+        pub(crate) struct $name(pub String);
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                from_str_with(d, $expecting, |s| {
+                    let check: fn(&str) -> Result<(), String> = $check;
+                    check(s).map(|()| $name(s.to_owned()))
+                })
+            }
+        }
+    };
+}
+
+checked_string!(
+    /// A namespace (a DNS-1123 label).
+    NamespaceValue,
+    "a namespace",
+    validate::namespace
+);
+checked_string!(
+    /// A workload or service name: empty, or a DNS-1123 subdomain.
+    NameValue,
+    "a name",
+    |s| validate::optional_name("name", s)
+);
+checked_string!(
+    /// A policy name (a DNS-1123 subdomain).
+    PolicyNameValue,
+    "a policy name",
+    |s| validate::name("policy name", s)
+);
+checked_string!(
+    /// A service account: empty (`default`), or a DNS-1123 subdomain.
+    ServiceAccountValue,
+    "a service account",
+    |s| validate::optional_name("service account", s)
+);
+checked_string!(
+    /// A node name: empty, or a DNS-1123 subdomain.
+    NodeValue,
+    "a node name",
+    |s| validate::optional_name("node", s)
+);
+checked_string!(
+    /// A trust domain: empty (`cluster.local`), or SPIFFE's characters.
+    TrustDomainValue,
+    "a trust domain",
+    |s| if s.is_empty() { Ok(()) } else { validate::trust_domain(s) }
+);
+checked_string!(
+    /// A service hostname.
+    HostnameValue,
+    "a hostname",
+    validate::hostname
+);
+checked_string!(
+    /// An optional hostname (a workload's).
+    OptionalHostnameValue,
+    "a hostname",
+    |s| if s.is_empty() { Ok(()) } else { validate::hostname(s) }
+);
+checked_string!(
+    /// `namespace/name` of a policy.
+    PolicyKeyValue,
+    "namespace/name",
+    validate::policy_key
+);
 
 /// A service port: 1..=65535 (0 is refused; target ports may be 0, meaning "same as the service port").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -11,7 +11,9 @@ use serde::{Deserialize, Deserializer};
 use super::checked::deserialize_checked_list;
 use super::plugins::PluginWire;
 use super::values::{
-    CidrValue, IpValue, LabelValue, NamespacedHost, ServicePort, StringMatchWire, VipValue,
+    CidrValue, GatewayDestinationValue, HostnameValue, IpValue, LabelValue, NameValue,
+    NamespaceValue, NamespacedHost, NodeValue, OptionalHostnameValue, PolicyKeyValue,
+    PolicyNameValue, ServiceAccountValue, ServicePort, StringMatchWire, TrustDomainValue, VipValue,
 };
 
 /// The whole file.
@@ -46,7 +48,7 @@ pub(crate) enum HealthWire {
     Unhealthy,
 }
 
-/// ztunnel's `NetworkMode` (accepted, unused).
+/// ztunnel's `NetworkMode`.
 #[derive(Debug, Clone, Copy, Default, Deserialize)]
 pub(crate) enum NetworkModeWire {
     #[default]
@@ -63,10 +65,6 @@ pub(crate) struct LocalityWire {
     #[serde(default)]
     pub zone: String,
     #[serde(default)]
-    #[allow(
-        dead_code,
-        reason = "accepted for ztunnel compatibility; hooks see region and zone"
-    )]
     pub subzone: String,
 }
 
@@ -74,12 +72,8 @@ pub(crate) struct LocalityWire {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct GatewayWire {
-    pub destination: NamespacedHost,
+    pub destination: GatewayDestinationValue,
     #[serde(default = "default_hbone_port")]
-    #[allow(
-        dead_code,
-        reason = "accepted for ztunnel compatibility; weft does not route via waypoints yet"
-    )]
     pub hbone_mtls_port: u16,
 }
 
@@ -109,20 +103,16 @@ pub(crate) enum AppTunnelProtocolWire {
 /// One workload (ztunnel's `LocalWorkload`: the `Workload` fields plus `services`), plus weft's `labels`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[allow(
-    dead_code,
-    reason = "some fields are accepted for ztunnel compatibility only"
-)]
 pub(crate) struct WorkloadWire {
     #[serde(default)]
     pub uid: String,
     #[serde(default)]
-    pub name: String,
-    pub namespace: String,
+    pub name: NameValue,
+    pub namespace: NamespaceValue,
     #[serde(default)]
-    pub service_account: String,
+    pub service_account: ServiceAccountValue,
     #[serde(default)]
-    pub trust_domain: String,
+    pub trust_domain: TrustDomainValue,
     #[serde(default)]
     pub workload_ips: Vec<IpValue>,
     #[serde(default)]
@@ -130,7 +120,7 @@ pub(crate) struct WorkloadWire {
     #[serde(default)]
     pub network_mode: NetworkModeWire,
     #[serde(default)]
-    pub node: String,
+    pub node: NodeValue,
     #[serde(default)]
     pub network: String,
     #[serde(default)]
@@ -146,13 +136,13 @@ pub(crate) struct WorkloadWire {
     #[serde(default)]
     pub canonical_revision: String,
     #[serde(default)]
-    pub hostname: String,
+    pub hostname: OptionalHostnameValue,
     #[serde(default)]
     pub native_tunnel: bool,
     #[serde(default)]
     pub application_tunnel: Option<ApplicationTunnelWire>,
     #[serde(default)]
-    pub authorization_policies: Vec<String>,
+    pub authorization_policies: Vec<PolicyKeyValue>,
     #[serde(default)]
     pub status: HealthWire,
     #[serde(default)]
@@ -173,7 +163,10 @@ impl WorkloadWire {
     /// The uid, or Istio's `cluster//Pod/namespace/name` form when the file leaves it out.
     pub fn effective_uid(&self) -> String {
         if self.uid.is_empty() {
-            format!("{}//Pod/{}/{}", self.cluster_id, self.namespace, self.name)
+            format!(
+                "{}//Pod/{}/{}",
+                self.cluster_id, self.namespace.0, self.name.0
+            )
         } else {
             self.uid.clone()
         }
@@ -224,10 +217,9 @@ fn deserialize_workloads<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Workload
     })
 }
 
-/// ztunnel's `NetworkCidr` (accepted; CIDR VIPs are not used by weft yet).
+/// ztunnel's `NetworkCidr` (kept in the model; weft does not route to CIDR VIPs yet).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[allow(dead_code, reason = "accepted for ztunnel compatibility")]
 pub(crate) struct CidrVipWire {
     #[serde(default)]
     pub network: String,
@@ -249,20 +241,18 @@ pub(crate) struct EndpointWire {
     pub status: HealthWire,
 }
 
-/// ztunnel's `WeightedWaypoint` (accepted, unused).
+/// ztunnel's `WeightedWaypoint`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[allow(dead_code, reason = "accepted for ztunnel compatibility")]
 pub(crate) struct WeightedWaypointWire {
     pub destination: GatewayWire,
     #[serde(default)]
     pub weight: u32,
 }
 
-/// ztunnel's `LoadBalancer` (accepted, unused: weft round-robins over healthy endpoints).
+/// ztunnel's `LoadBalancer` (kept in the model; weft round-robins over healthy endpoints until issue #12).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[allow(dead_code, reason = "accepted for ztunnel compatibility")]
 pub(crate) struct LoadBalancerWire {
     #[serde(default)]
     pub routing_preferences: Vec<LoadBalancerScopeWire>,
@@ -320,14 +310,10 @@ pub(crate) enum VisibilityWire {
 /// One service (ztunnel's `Service`). ztunnel requires `vips` and `ports`; weft defaults them to empty.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[allow(
-    dead_code,
-    reason = "some fields are accepted for ztunnel compatibility only"
-)]
 pub(crate) struct ServiceWire {
-    pub name: String,
-    pub namespace: String,
-    pub hostname: String,
+    pub name: NameValue,
+    pub namespace: NamespaceValue,
+    pub hostname: HostnameValue,
     #[serde(default)]
     pub vips: Vec<VipValue>,
     #[serde(default)]
@@ -409,8 +395,8 @@ pub(crate) struct MatchWire {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct PolicyWire {
-    pub name: String,
-    pub namespace: String,
+    pub name: PolicyNameValue,
+    pub namespace: NamespaceValue,
     pub scope: ScopeWire,
     pub action: ActionWire,
     pub rules: Vec<Vec<Vec<MatchWire>>>,

@@ -1,8 +1,9 @@
-//! A scripted Delta ADS server for the client's tests: real gRPC over real TLS (a development root issues the
-//! server's certificate), where the test reads each stream's requests and writes its responses, and can stop and
-//! restart the server on the same port.
+//! A scripted Delta ADS server for tests (feature `testing`; never linked by the node): real gRPC over real TLS (a
+//! development root issues the server's certificate), where the test reads each stream's requests and writes its
+//! responses, and can stop and restart the server on the same port. A test that wants a real control plane uses
+//! `weft control`; this one is for what a real control plane never sends (malformed resources, odd errors).
 
-#![allow(dead_code, clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::missing_panics_doc, missing_docs)]
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -41,6 +42,12 @@ pub struct Pki {
     pub root: PathBuf,
     pub token: PathBuf,
     ca: weft_identity::LocalCa,
+}
+
+impl Default for Pki {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Pki {

@@ -1,0 +1,318 @@
+//! The node's xDS sources: the `weft run` flags for the mesh source (istiod or `weft control`) and the node id,
+//! the handlers that turn Address and Authorization resources into changes of the state store (checked by the same
+//! functions as the local file), readiness, `/config_dump` and metrics per source.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Args;
+use futures_util::future::BoxFuture;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use serde_json::json;
+use tokio::sync::watch;
+use weft_proto::istio::security::Authorization;
+use weft_proto::istio::workload::Address;
+use weft_proto::type_url::{ADDRESS, AUTHORIZATION};
+use weft_state::{Change, Collection, StateStore};
+use weft_xds::{AdsClient, Delta, Handler, NodeInfo, Rejection, SourceConfig, XdsHandle};
+
+/// The mesh source's id in the state store.
+pub const MESH_SOURCE: &str = "xds:mesh";
+
+/// `weft run` flags of the mesh source and the node id (the names of TEAM.md's contract and ztunnel's variables).
+#[derive(Debug, Clone, Args)]
+pub struct XdsArgs {
+    /// The control plane serving workloads, services and policies over Delta ADS (istiod:
+    /// https://istiod.istio-system.svc:15012, or `weft control`); a bare host:port means https. Unset: no xDS
+    /// (the mesh comes from --config only). With --config as well, both feed the state (xDS wins a conflict).
+    #[arg(long, env = "XDS_ADDRESS")]
+    pub xds_address: Option<String>,
+    /// PEM roots trusted for the control plane's certificate (istiod: the mesh root, e.g.
+    /// /var/run/secrets/istio/root-cert.pem); re-read on every connect.
+    #[arg(long, env = "XDS_ROOT_CA")]
+    pub xds_root_cert: Option<PathBuf>,
+    /// The node's token sent as `authorization: Bearer` (Kubernetes: the projected service-account token, audience
+    /// istio-ca, e.g. /var/run/secrets/tokens/istio-token); re-read on every connect. The `clusterid` header goes
+    /// with it.
+    #[arg(long, env = "XDS_TOKEN_FILE")]
+    pub xds_token_file: Option<PathBuf>,
+    /// TLS name to verify on the control plane's certificate when it differs from the address's host.
+    #[arg(long)]
+    pub xds_server_name: Option<String>,
+    /// This proxy's pod name (node id `ztunnel~IP~POD.NS~NS.svc.cluster.local`, metadata NAME).
+    #[arg(long, env = "POD_NAME", default_value = "")]
+    pub pod_name: String,
+    /// This proxy's pod namespace (node id, metadata NAMESPACE).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "")]
+    pub pod_namespace: String,
+    /// This proxy's pod IP (node id, metadata INSTANCE_IPS; ztunnel reports 1.1.1.1 when unset).
+    #[arg(long, env = "INSTANCE_IP")]
+    pub instance_ip: Option<String>,
+}
+
+/// The cluster id as ztunnel takes it: `ISTIO_META_CLUSTER_ID`, else `--cluster-id` (`CLUSTER_ID`).
+fn cluster_id(flag: &str) -> String {
+    std::env::var("ISTIO_META_CLUSTER_ID")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| flag.to_owned())
+}
+
+/// The node id inputs: the flags, then `ISTIO_META_*` / `ISTIO_METAJSON_*` from the environment, and the cluster
+/// id as `CLUSTER_ID` unless the environment set it.
+pub fn node_info(args: &XdsArgs, node: &str, cluster: &str) -> NodeInfo {
+    NodeInfo {
+        instance_ip: args.instance_ip.clone(),
+        pod_name: args.pod_name.clone(),
+        pod_namespace: args.pod_namespace.clone(),
+        node_name: node.to_owned(),
+        ..Default::default()
+    }
+    .with_env(std::env::vars())
+    .default_metadata("CLUSTER_ID", &cluster_id(cluster))
+}
+
+/// Start the mesh source, if configured (must be called within the control runtime). Its Authorization handler
+/// answers once the plugin host runs the state version that carries the change (`plugins_applied`).
+pub fn start(
+    args: &XdsArgs,
+    node: &str,
+    cluster: &str,
+    state: &Arc<StateStore>,
+    plugins_applied: watch::Receiver<u64>,
+) -> anyhow::Result<Vec<XdsHandle>> {
+    let Some(address) = &args.xds_address else {
+        return Ok(Vec::new());
+    };
+    state.register_source(MESH_SOURCE, weft_state::XDS_PRECEDENCE);
+    let mut cfg = SourceConfig::new("mesh", address.clone());
+    cfg.root_cert = args.xds_root_cert.clone();
+    cfg.token_file = args.xds_token_file.clone();
+    cfg.server_name = args.xds_server_name.clone();
+    cfg.cluster_id = cluster_id(cluster);
+    cfg.node = node_info(args, node, cluster);
+    tracing::info!(address, node_id = %cfg.node.id(), "mesh source: Delta ADS");
+    let handle = AdsClient::new(cfg)
+        .subscribe(
+            ADDRESS,
+            Arc::new(StateHandler {
+                store: state.clone(),
+                source: MESH_SOURCE,
+                kind: Kind::Address,
+                applied: None,
+            }),
+        )
+        .subscribe(
+            AUTHORIZATION,
+            Arc::new(StateHandler {
+                store: state.clone(),
+                source: MESH_SOURCE,
+                kind: Kind::Authorization,
+                applied: Some(plugins_applied),
+            }),
+        )
+        .start()?;
+    Ok(vec![handle])
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Address,
+    Authorization,
+}
+
+/// Converts one type's resources into changes of a source of the state store.
+struct StateHandler {
+    store: Arc<StateStore>,
+    source: &'static str,
+    kind: Kind,
+    /// For policies: the state version the plugin host runs; the answer waits for it.
+    applied: Option<watch::Receiver<u64>>,
+}
+
+impl StateHandler {
+    fn convert(&self, delta: Delta) -> (Vec<Change>, Vec<Rejection>) {
+        let collection = match self.kind {
+            Kind::Address => Collection::Address,
+            Kind::Authorization => Collection::Authorization,
+        };
+        let mut changes: Vec<Change> = delta
+            .removals
+            .into_iter()
+            .map(|name| Change::Remove { collection, name })
+            .collect();
+        let mut refused = Vec::new();
+        for u in delta.upserts {
+            let converted = match self.kind {
+                Kind::Address => u.decode::<Address>(ADDRESS).and_then(|a| {
+                    weft_state::xds::address_change(&u.name, a)
+                        .map_err(|e| Rejection::new(&u.name, e))
+                }),
+                Kind::Authorization => u.decode::<Authorization>(AUTHORIZATION).and_then(|a| {
+                    weft_state::xds::authorization_change(&u.name, a)
+                        .map_err(|e| Rejection::new(&u.name, e))
+                }),
+            };
+            match converted {
+                Ok(c) => changes.push(c),
+                Err(r) => refused.push(r),
+            }
+        }
+        (changes, refused)
+    }
+}
+
+impl Handler for StateHandler {
+    fn apply(&self, delta: Delta) -> BoxFuture<'_, Vec<Rejection>> {
+        Box::pin(async move {
+            let (upserts, removals) = (delta.upserts.len(), delta.removals.len());
+            let (changes, refused) = self.convert(delta);
+            let applied = self.store.apply_changes(self.source, changes);
+            if applied.changed {
+                tracing::info!(source = self.source, kind = ?self.kind, version = applied.version, upserts,
+                    removals, refused = refused.len(), "xDS update applied");
+                if let Some(rx) = &self.applied {
+                    let mut rx = rx.clone();
+                    // Until the plugin host runs this version (or a later one), the policy is not in force yet.
+                    let _ = rx.wait_for(|v| *v >= applied.version).await;
+                }
+            }
+            refused
+        })
+    }
+}
+
+/// Readiness: every source has had its first complete sync.
+pub fn pending(handles: &[XdsHandle]) -> Vec<String> {
+    handles
+        .iter()
+        .filter(|h| !h.is_synced())
+        .map(|h| {
+            let s = h.status();
+            let waiting: Vec<&str> = s
+                .types
+                .iter()
+                .filter(|t| !t.synced)
+                .map(|t| t.type_url.rsplit('/').next().unwrap_or(&t.type_url))
+                .collect();
+            format!(
+                "xDS source {} ({}) waiting for its first {}",
+                s.name,
+                s.address,
+                waiting.join(", ")
+            )
+        })
+        .collect()
+}
+
+/// `/config_dump`'s `sources`: what each source holds, and each xDS source's stream and ACK/NACK state.
+pub fn dump(state: &StateStore, handles: &[XdsHandle]) -> serde_json::Value {
+    let counts = state.source_counts();
+    let xds: Vec<serde_json::Value> = handles
+        .iter()
+        .map(|h| {
+            let mut v = serde_json::to_value(h.status()).unwrap_or_default();
+            if let (Some(obj), Some(c)) =
+                (v.as_object_mut(), counts.get(&format!("xds:{}", h.name())))
+            {
+                obj.insert("held".into(), serde_json::to_value(c).unwrap_or_default());
+            }
+            v
+        })
+        .collect();
+    json!({
+        "file": counts.get(weft_state::LOCAL_FILE),
+        "xds": xds,
+    })
+}
+
+/// A per-source metric: name, help, type, and its value in a status.
+type SourceMetric = (
+    &'static str,
+    &'static str,
+    MetricType,
+    fn(&weft_xds::SourceStatus) -> u64,
+);
+/// A per-type counter: name, help, and its value in a type's status.
+type TypeCounter = (&'static str, &'static str, fn(&weft_xds::TypeStatus) -> u64);
+
+/// xDS counters and gauges per source and type.
+#[derive(Debug)]
+pub struct XdsCollector(pub Vec<XdsHandle>);
+
+impl Collector for XdsCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let statuses: Vec<_> = self.0.iter().map(XdsHandle::status).collect();
+        let per_source: [SourceMetric; 3] = [
+            (
+                "weft_xds_connected",
+                "Whether the source's stream is open",
+                MetricType::Gauge,
+                |s| u64::from(s.connected),
+            ),
+            (
+                "weft_xds_connections",
+                "Streams opened to the source",
+                MetricType::Counter,
+                |s| s.connections,
+            ),
+            (
+                "weft_xds_connect_failures",
+                "Attempts to reach the source that failed before a stream opened",
+                MetricType::Counter,
+                |s| s.connect_failures,
+            ),
+        ];
+        for (name, help, kind, f) in per_source {
+            let mut family = enc.encode_descriptor(name, help, None, kind)?;
+            for s in &statuses {
+                let labels = [("source", s.name.as_str())];
+                let m = family.encode_family(&labels)?;
+                match kind {
+                    MetricType::Gauge => {
+                        ConstGauge::new(i64::try_from(f(s)).unwrap_or(i64::MAX)).encode(m)?
+                    }
+                    _ => ConstCounter::new(f(s)).encode(m)?,
+                }
+            }
+        }
+        let per_type: [TypeCounter; 3] = [
+            ("weft_xds_responses", "Responses received", |t| t.responses),
+            ("weft_xds_acks", "ACKs sent", |t| t.acks),
+            ("weft_xds_nacks", "NACKs sent", |t| t.nacks),
+        ];
+        for (name, help, f) in per_type {
+            let mut family = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for s in &statuses {
+                for t in &s.types {
+                    let labels = [
+                        ("source", s.name.as_str()),
+                        ("type_url", t.type_url.as_str()),
+                    ];
+                    ConstCounter::new(f(t)).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+        let mut family = enc.encode_descriptor(
+            "weft_xds_resources",
+            "Resources held from the source",
+            None,
+            MetricType::Gauge,
+        )?;
+        for s in &statuses {
+            for t in &s.types {
+                let labels = [
+                    ("source", s.name.as_str()),
+                    ("type_url", t.type_url.as_str()),
+                ];
+                ConstGauge::new(i64::try_from(t.resources).unwrap_or(i64::MAX))
+                    .encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
