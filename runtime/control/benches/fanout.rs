@@ -98,7 +98,7 @@ async fn run_node(
     }
     let mut answered = 0;
     loop {
-        let Ok(r) = c.try_recv().await else { return };
+        let Some(r) = c.next().await else { return };
         let now = Instant::now();
         c.ack(&r).await;
         if r.type_url == EXTENSION_CONFIG {

@@ -135,6 +135,11 @@ impl AdsClient {
         }
     }
 
+    /// The next response, however long it takes (the bench's idle nodes); `None` when the stream ended.
+    pub async fn next(&mut self) -> Option<DeltaDiscoveryResponse> {
+        self.rx.message().await.ok().flatten()
+    }
+
     /// ACK a response.
     pub async fn ack(&mut self, r: &DeltaDiscoveryResponse) {
         self.send(DeltaDiscoveryRequest {
