@@ -1,0 +1,93 @@
+"""values.schema.json refuses bad values before anything renders, and says where; good values pass."""
+
+from __future__ import annotations
+
+import helm_python as helm
+import pytest
+
+from conftest import values_yaml
+from variants import VARIANTS
+
+BAD = {
+    "unknown top-level key": ({"replicas": 3}, "additional properties 'replicas'"),
+    "unknown nested key": ({"image": {"name": "weft"}}, "/image"),
+    "mode": ({"mode": "sidecar"}, "/mode"),
+    "mark not a number": ({"mark": "0x"}, "/mark"),
+    "mark in scientific notation": ({"mark": "1.048576e+06"}, "/mark"),
+    "mark over 32 bits": ({"mark": 4294967296}, "/mark"),
+    "mark negative": ({"mark": -1}, "/mark"),
+    "mark fraction": ({"mark": 1.5}, "/mark"),
+    "digest not sha256": ({"image": {"repository": "weft", "pullPolicy": "Always", "digest": "latest"}}, "/image/digest"),
+    "pull policy": ({"image": {"repository": "weft", "pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+    "grace period too short for a drain": ({"terminationGracePeriodSeconds": 2}, "/terminationGracePeriodSeconds"),
+    "grace period as a string": ({"terminationGracePeriodSeconds": "30s"}, "/terminationGracePeriodSeconds"),
+    "worker threads zero": ({"workerThreads": 0}, "/workerThreads"),
+    "log format": ({"logFormat": "xml"}, "/logFormat"),
+    "CA address without https": ({"istio": {"caAddress": "istiod.istio-system.svc:15012"}}, "/istio/caAddress"),
+    "token lifetime under 10 min": ({"istio": {"tokenExpirationSeconds": 60}}, "/istio/tokenExpirationSeconds"),
+    "trial without a node": ({"trial": {"enabled": True, "caSecretName": "ca"}}, "/trial"),
+    "trial without a CA secret": ({"trial": {"enabled": True, "node": "n1"}}, "/trial"),
+    "trial with a control plane": (
+        {
+            "trial": {"enabled": True, "node": "n1", "caSecretName": "ca"},
+            "control": {"enabled": True, "pluginsConfigMap": "p", "tls": {"secretName": "t"}},
+        },
+        "/control/enabled",
+    ),
+    "no node left serving during a rollout": (
+        {"updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 0}}},
+        "/updateStrategy",
+    ),
+    "update strategy type": ({"updateStrategy": {"type": "Recreate"}}, "/updateStrategy"),
+    "plugin without a kind": ({"plugins": {"configMap": "p", "local": [{"name": "a", "path": "a.wasm"}]}}, "/plugins/local/0"),
+    "plugin with path and inline": (
+        {"plugins": {"configMap": "p", "local": [{"name": "a", "kind": "policy", "path": "a.wasm", "inline": "AA=="}]}},
+        "/plugins/local/0",
+    ),
+    "plugin sha256 too short": (
+        {"plugins": {"configMap": "p", "local": [{"name": "a", "kind": "policy", "path": "a", "sha256": "abc"}]}},
+        "/plugins/local/0/sha256",
+    ),
+    "relative plugin path without its ConfigMap": (
+        {"plugins": {"local": [{"name": "a", "kind": "policy", "path": "a.wasm"}]}},
+        "/plugins/configMap",
+    ),
+    "service account without a name": ({"serviceAccount": {"create": True, "name": ""}}, "/serviceAccount/name"),
+    "env name": ({"env": {"1BAD": "x"}}, "'1BAD'"),
+    "env value a map": ({"env": {"X": {"a": 1}}}, "/env/X"),
+    "pod label value too long": ({"podLabels": {"a": "x" * 64}}, "/podLabels/a"),
+    "toleration operator": ({"tolerations": [{"operator": "Maybe"}]}, "/tolerations/0/operator"),
+    "resources with a bad quantity": ({"resources": {"requests": {"memory": "lots"}}}, "/resources/requests/memory"),
+    "control plane without plugins": (
+        {"control": {"enabled": True, "tls": {"secretName": "t"}}},
+        "/control/pluginsConfigMap",
+    ),
+    "control plane without its TLS Secret": (
+        {"control": {"enabled": True, "pluginsConfigMap": "p"}},
+        "/control/tls",
+    ),
+    "control port": ({"control": {"port": 70000}}, "/control/port"),
+    "podmonitor interval": ({"metrics": {"podMonitor": {"interval": "often"}}}, "/metrics/podMonitor/interval"),
+    "imagePullSecrets as objects": ({"imagePullSecrets": [{"name": "regcred"}]}, "/imagePullSecrets/0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_schema_rejects(chart, render, case):
+    values, where = BAD[case]
+    with pytest.raises(helm.HelmValuesError) as err:
+        chart.validate_schema(values)
+    assert where in str(err.value), str(err.value)
+    # Rendering (what install and upgrade do) refuses the same values.
+    with pytest.raises(helm.HelmError):
+        render(values)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_schema_accepts_the_variants(chart, variant):
+    chart.validate_schema(VARIANTS[variant])
+
+
+def test_schema_accepts_numbers_as_a_values_file_writes_them(chart):
+    chart.validate_schema(values_yaml("mark: 0x100000\nterminationGracePeriodSeconds: 60\nworkerThreads: 4\n"))
+    chart.validate_schema(values_yaml("mark: '0x100000'\n"))
