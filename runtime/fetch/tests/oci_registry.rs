@@ -75,13 +75,16 @@ async fn pulls_wasm_artifacts_and_compat_images_by_tag_and_digest() {
     assert_eq!(got.manifest_digest.as_deref(), Some(digest.as_str()));
     assert!(!got.from_cache);
 
-    // By digest, pinned by sha256 too.
+    // By digest: from the registry (the manifest is verified against the digest).
     let by_digest = format!("oci://{}/weft/authz@{digest}", reg.addr);
+    let got = f.fetch(&Request::new(&by_digest)).await.unwrap();
+    assert_eq!((*got.bytes == m1, got.from_cache), (true, false));
+    // Pinned by sha256: the module is in the cache under it, so no request is made.
     let got = f
-        .fetch(&Request::new(&by_digest).with_sha256(sha256_hex(&m1)))
+        .fetch(&Request::new(format!("oci://{}/weft/authz:v1", reg.addr)).with_sha256(sha256_hex(&m1)))
         .await
         .unwrap();
-    assert_eq!(*got.bytes, m1);
+    assert_eq!((*got.bytes == m1, got.from_cache), (true, true));
 
     // The compat variant: an OCI image whose last layer is a tar.gz holding plugin.wasm.
     let m2 = module("compat");

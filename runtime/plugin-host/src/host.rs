@@ -242,3 +242,42 @@ impl ConnectionHooks for PluginHost {
         self.changes.subscribe()
     }
 }
+
+impl PluginHost {
+    /// The kind of plugin a component is, from the world it exports (`weft:plugin/policy` or
+    /// `weft:plugin/telemetry`): for resources that do not say (Envoy's Wasm config has no such field). Compiles
+    /// through the compile cache, so the load that follows reuses the result. Blocking.
+    pub fn component_kind(&self, bytes: &[u8]) -> Result<weft_state::PluginKind, crate::LoadError> {
+        let sha = crate::engine::sha256_hex(bytes);
+        let component = self.shared.cache.get(&sha, bytes)?;
+        let ty = component.component_type();
+        let exports: Vec<String> = ty
+            .exports(&self.shared.engine)
+            .map(|(name, _)| name.to_string())
+            .collect();
+        let exports_iface = |iface: &str| {
+            exports.iter().any(|e| {
+                e.split('@')
+                    .next()
+                    .is_some_and(|n| n == format!("weft:plugin/{iface}"))
+            })
+        };
+        match (exports_iface("policy"), exports_iface("telemetry")) {
+            (true, false) => Ok(weft_state::PluginKind::Policy),
+            (false, true) => Ok(weft_state::PluginKind::Telemetry),
+            (true, true) => Err(crate::LoadError::WrongWorld {
+                world: "transport-policy or telemetry-sink",
+                reason: "the component exports both weft:plugin/policy and weft:plugin/telemetry; say which in \
+                         the resource's kind"
+                    .into(),
+            }),
+            (false, false) => Err(crate::LoadError::WrongWorld {
+                world: "transport-policy or telemetry-sink",
+                reason: format!(
+                    "the component exports neither weft:plugin/policy nor weft:plugin/telemetry (exports: {})",
+                    if exports.is_empty() { "none".to_string() } else { exports.join(", ") }
+                ),
+            }),
+        }
+    }
+}
