@@ -71,7 +71,9 @@ fn local_identities(state: &StateStore, node: &str) -> HashSet<SpiffeId> {
 async fn apply_plugins(host: &Arc<PluginHost>, state: &MeshState, defaults: bool) {
     let specs = crate::default_plugins::merge(defaults, state.plugins.values().cloned());
     let policies = state.policies.values().cloned().collect();
-    let report = host.apply_version_async(state.version, specs, policies).await;
+    let report = host
+        .apply_version_async(state.version, specs, policies)
+        .await;
     for p in &report.plugins {
         match &p.outcome {
             Outcome::Loaded { sha256 } => {

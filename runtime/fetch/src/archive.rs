@@ -15,9 +15,12 @@ pub(crate) fn plugin_wasm(layer: &[u8], gzip: bool, limit: u64) -> Result<Vec<u8
     // The tar stream itself (headers and every entry) is bounded, not just the file we want.
     let bounded = reader.take(limit.saturating_add(64 << 10));
     let mut archive = tar::Archive::new(bounded);
-    let entries = archive
-        .entries()
-        .map_err(|e| format!("the layer is not a tar{}: {e}", if gzip { ".gz" } else { "" }))?;
+    let entries = archive.entries().map_err(|e| {
+        format!(
+            "the layer is not a tar{}: {e}",
+            if gzip { ".gz" } else { "" }
+        )
+    })?;
     for entry in entries {
         let mut entry = entry.map_err(|e| format!("bad tar entry in the layer: {e}"))?;
         let is_plugin = entry
@@ -28,9 +31,14 @@ pub(crate) fn plugin_wasm(layer: &[u8], gzip: bool, limit: u64) -> Result<Vec<u8
         if !is_plugin || !entry.header().entry_type().is_file() {
             continue;
         }
-        let size = entry.header().size().map_err(|e| format!("bad tar header: {e}"))?;
+        let size = entry
+            .header()
+            .size()
+            .map_err(|e| format!("bad tar header: {e}"))?;
         if size > limit {
-            return Err(format!("{PLUGIN_FILE} is {size} bytes, over the limit of {limit}"));
+            return Err(format!(
+                "{PLUGIN_FILE} is {size} bytes, over the limit of {limit}"
+            ));
         }
         let mut out = Vec::with_capacity(size as usize);
         entry
@@ -69,7 +77,10 @@ mod tests {
         let l = layer(&[("README", b"x"), ("dir/plugin.wasm", b"\0asm")], true);
         assert_eq!(plugin_wasm(&l, true, 1 << 20).as_deref(), Ok(&b"\0asm"[..]));
         let l = layer(&[("plugin.wasm", b"\0asm")], false);
-        assert_eq!(plugin_wasm(&l, false, 1 << 20).as_deref(), Ok(&b"\0asm"[..]));
+        assert_eq!(
+            plugin_wasm(&l, false, 1 << 20).as_deref(),
+            Ok(&b"\0asm"[..])
+        );
         let l = layer(&[("other.wasm", b"\0asm")], true);
         assert!(plugin_wasm(&l, true, 1 << 20).is_err_and(|e| e.contains("no plugin.wasm")));
         let l = layer(&[("plugin.wasm", &[0u8; 4096])], true);

@@ -36,7 +36,10 @@ impl Credentials {
     pub fn basic_header(&self) -> Option<HeaderValue> {
         match self {
             Credentials::Basic { username, password } => {
-                let v = format!("Basic {}", STANDARD.encode(format!("{username}:{password}")));
+                let v = format!(
+                    "Basic {}",
+                    STANDARD.encode(format!("{username}:{password}"))
+                );
                 let mut h = HeaderValue::from_str(&v).ok()?;
                 h.set_sensitive(true);
                 Some(h)
@@ -258,7 +261,8 @@ pub(crate) async fn bearer_token(
         return Err(auth_err("not a bearer challenge".into()));
     };
     if let Some(Credentials::Token(t)) = creds {
-        return bearer_value(t).ok_or_else(|| auth_err("the registry token is not a header value".into()));
+        return bearer_value(t)
+            .ok_or_else(|| auth_err("the registry token is not a header value".into()));
     }
     let mut query = Vec::new();
     if let Some(s) = service {
@@ -318,7 +322,10 @@ mod tests {
                 scope: Some("repository:a/b:pull".into()),
             })
         );
-        assert_eq!(parse_challenge(r#"Basic realm="basic-realm""#), Some(Challenge::Basic));
+        assert_eq!(
+            parse_challenge(r#"Basic realm="basic-realm""#),
+            Some(Challenge::Basic)
+        );
         assert_eq!(
             parse_challenge(r#"bearer realm=https://t/x, service="a\"b""#),
             Some(Challenge::Bearer {
@@ -353,7 +360,9 @@ mod tests {
         assert_eq!(get("registry-1.docker.io"), Ok(basic("hub", "hub")));
         assert_eq!(get("none.io"), Ok(None));
         assert!(get("broken.io").is_err_and(|e| e.contains("auths.broken.io")));
-        assert!(parse_config(b"{", "r.io", "f").is_err_and(|e| e.to_string().contains("config.json")));
+        assert!(
+            parse_config(b"{", "r.io", "f").is_err_and(|e| e.to_string().contains("config.json"))
+        );
         assert_eq!(parse_config(b"null", "r.io", "f").ok(), Some(None));
     }
 

@@ -41,9 +41,16 @@ fn private_dir(path: &Path) -> Result<(), FetchError> {
     } else if !meta.is_dir() {
         Some("is not a directory".to_string())
     } else if meta.uid() != euid() {
-        Some(format!("is owned by uid {}, not weft's uid {}", meta.uid(), euid()))
+        Some(format!(
+            "is owned by uid {}, not weft's uid {}",
+            meta.uid(),
+            euid()
+        ))
     } else if meta.mode() & 0o022 != 0 {
-        Some(format!("has mode {:04o}: others may write it", meta.mode() & 0o7777))
+        Some(format!(
+            "has mode {:04o}: others may write it",
+            meta.mode() & 0o7777
+        ))
     } else {
         None
     };
@@ -98,7 +105,10 @@ impl DiskCache {
         }
         let bytes = self.read("sha256", sha, u64::MAX)?;
         if sha256_hex(&bytes) != sha {
-            tracing::warn!(sha256 = sha, "plugin code cache entry does not match its digest; removing it");
+            tracing::warn!(
+                sha256 = sha,
+                "plugin code cache entry does not match its digest; removing it"
+            );
             let _ = std::fs::remove_file(self.dir.join("sha256").join(sha));
             return None;
         }
@@ -140,11 +150,17 @@ mod tests {
         let sha = sha256_hex(b"module");
         c.put_module(&sha, b"module").expect("put");
         assert_eq!(c.module(&sha).as_deref(), Some(&b"module"[..]));
-        let fmode = std::fs::metadata(dir.join("sha256").join(&sha)).expect("meta").permissions().mode();
+        let fmode = std::fs::metadata(dir.join("sha256").join(&sha))
+            .expect("meta")
+            .permissions()
+            .mode();
         assert_eq!(fmode & 0o077, 0, "{fmode:o}");
         std::fs::write(dir.join("sha256").join(&sha), b"tampered").expect("write");
         assert_eq!(c.module(&sha), None);
-        assert!(!dir.join("sha256").join(&sha).exists(), "a bad entry is removed");
+        assert!(
+            !dir.join("sha256").join(&sha).exists(),
+            "a bad entry is removed"
+        );
         let digest = format!("sha256:{}", "1".repeat(64));
         c.put_manifest_link(&digest, &sha).expect("link");
         assert_eq!(c.manifest_link(&digest), Some(sha));

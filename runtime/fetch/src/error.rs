@@ -134,9 +134,9 @@ impl FetchError {
     /// Whether another attempt may succeed (connection trouble, timeouts, 5xx, 408, 429).
     pub fn is_retryable(&self) -> bool {
         match self {
-            FetchError::Connect { .. } | FetchError::Transport { .. } | FetchError::Timeout { .. } => {
-                true
-            }
+            FetchError::Connect { .. }
+            | FetchError::Transport { .. }
+            | FetchError::Timeout { .. } => true,
             FetchError::Status { status, .. } => *status >= 500 || *status == 408 || *status == 429,
             _ => false,
         }

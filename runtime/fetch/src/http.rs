@@ -228,7 +228,9 @@ mod tests {
 
     #[test]
     fn locations_resolve() {
-        let base: Uri = "https://r.io:5000/v2/x/blobs/sha256:1".parse().unwrap_or_default();
+        let base: Uri = "https://r.io:5000/v2/x/blobs/sha256:1"
+            .parse()
+            .unwrap_or_default();
         assert_eq!(
             resolve(&base, "/b/1?x=2").map(|u| u.to_string()),
             Ok("https://r.io:5000/b/1?x=2".to_string())
@@ -238,7 +240,13 @@ mod tests {
             Ok("https://s3.example/b".to_string())
         );
         assert!(resolve(&base, "b/1").is_err());
-        assert_eq!(encode_query("repository:a/b:pull"), "repository%3Aa%2Fb%3Apull");
-        assert_eq!(host_of(&"https://[::1]:5000/x".parse().unwrap_or_default()), "::1");
+        assert_eq!(
+            encode_query("repository:a/b:pull"),
+            "repository%3Aa%2Fb%3Apull"
+        );
+        assert_eq!(
+            host_of(&"https://[::1]:5000/x".parse().unwrap_or_default()),
+            "::1"
+        );
     }
 }

@@ -67,12 +67,15 @@ struct Session<'a> {
 
 impl Session<'_> {
     fn url(&self, path: &str) -> Result<Uri, FetchError> {
-        format!("https://{}/v2/{}/{path}", self.image.registry, self.image.repository)
-            .parse()
-            .map_err(|e| FetchError::BadUri {
-                uri: self.image.display(),
-                reason: format!("{e}"),
-            })
+        format!(
+            "https://{}/v2/{}/{path}",
+            self.image.registry, self.image.repository
+        )
+        .parse()
+        .map_err(|e| FetchError::BadUri {
+            uri: self.image.display(),
+            reason: format!("{e}"),
+        })
     }
 
     fn auth_err(&self, reason: String) -> FetchError {
@@ -101,7 +104,9 @@ impl Session<'_> {
             if answered {
                 return Err(self.auth_err(match &self.creds {
                     Some(_) => "the registry refused the pull secret's credentials".into(),
-                    None => "the registry wants credentials and the pull secret has none for it".into(),
+                    None => {
+                        "the registry wants credentials and the pull secret has none for it".into()
+                    }
                 }));
             }
             answered = true;
@@ -182,10 +187,14 @@ impl Session<'_> {
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default();
-        let media_type = manifest
-            .media_type
-            .clone()
-            .unwrap_or_else(|| content_type.split(';').next().unwrap_or_default().trim().to_string());
+        let media_type = manifest.media_type.clone().unwrap_or_else(|| {
+            content_type
+                .split(';')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        });
         Ok((digest, manifest, media_type))
     }
 
@@ -245,8 +254,9 @@ pub(crate) async fn pull(
         image: image.display(),
         reason,
     };
-    let (digest, mut manifest, mut media_type) =
-        s.manifest(image.reference(), image.digest.as_deref()).await?;
+    let (digest, mut manifest, mut media_type) = s
+        .manifest(image.reference(), image.digest.as_deref())
+        .await?;
     if media_type == OCI_INDEX || media_type == DOCKER_LIST || !manifest.manifests.is_empty() {
         let pick = manifest
             .manifests
@@ -290,12 +300,18 @@ pub(crate) async fn pull(
     } else if let Some(layer) = manifest
         .layers
         .iter()
-        .find(|l| [WASM_LAYER, WASM_ARTIFACT_LAYER, WASM_CONTENT_LAYER].contains(&l.media_type.as_str()))
+        .find(|l| {
+            [WASM_LAYER, WASM_ARTIFACT_LAYER, WASM_CONTENT_LAYER].contains(&l.media_type.as_str())
+        })
         .cloned()
     {
         s.blob(&layer, limit).await?
     } else {
-        let types: Vec<&str> = manifest.layers.iter().map(|l| l.media_type.as_str()).collect();
+        let types: Vec<&str> = manifest
+            .layers
+            .iter()
+            .map(|l| l.media_type.as_str())
+            .collect();
         return Err(bad(format!(
             "not a Wasm image: no {WASM_LAYER} or {WASM_ARTIFACT_LAYER} layer, and the last layer is not a \
              tar(.gz) with plugin.wasm (layers: {types:?})"

@@ -72,7 +72,10 @@ impl Source {
                 Ok(Source::Https(parsed))
             }
             "oci" => parse_oci(uri, rest).map(Source::Oci),
-            "http" => Err(bad(uri, "plain http is refused: plugin code must come over https")),
+            "http" => Err(bad(
+                uri,
+                "plain http is refused: plugin code must come over https",
+            )),
             other => Err(bad(
                 uri,
                 format!("unsupported scheme {other:?} (expected https or oci)"),
@@ -176,8 +179,14 @@ mod tests {
         let r = oci(&format!("oci://ghcr.io/org/plugin@{d}"));
         assert_eq!(r.tag, None);
         assert_eq!(r.reference(), d);
-        let r = oci(&format!("oci://localhost:5000/p:1.0@{}", d.to_uppercase().replace("SHA256", "sha256")));
-        assert_eq!((r.tag.as_deref(), r.digest.as_deref()), (Some("1.0"), Some(d.as_str())));
+        let r = oci(&format!(
+            "oci://localhost:5000/p:1.0@{}",
+            d.to_uppercase().replace("SHA256", "sha256")
+        ));
+        assert_eq!(
+            (r.tag.as_deref(), r.digest.as_deref()),
+            (Some("1.0"), Some(d.as_str()))
+        );
         let r = oci("oci://istio/plugin");
         assert_eq!(
             (r.registry.as_str(), r.repository.as_str(), r.reference()),
@@ -200,6 +209,9 @@ mod tests {
             let e = Source::parse(uri).expect_err(uri).to_string();
             assert!(e.contains(why), "{uri}: {e}");
         }
-        assert!(matches!(Source::parse("https://h/x.wasm"), Ok(Source::Https(_))));
+        assert!(matches!(
+            Source::parse("https://h/x.wasm"),
+            Ok(Source::Https(_))
+        ));
     }
 }

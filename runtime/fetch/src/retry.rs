@@ -20,7 +20,9 @@ impl Backoff {
     /// The upper bound of the delay before retry `n` (0 = the first retry).
     pub fn ceiling(&self, n: u32) -> Duration {
         let factor = 1u32.checked_shl(n.min(20)).unwrap_or(u32::MAX);
-        self.base.saturating_mul(factor).min(self.max.max(self.base))
+        self.base
+            .saturating_mul(factor)
+            .min(self.max.max(self.base))
     }
 
     /// The delay before retry `n`, jittered.

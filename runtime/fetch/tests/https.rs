@@ -27,8 +27,9 @@ struct Server {
 
 async fn serve(ca: &TestCa, wasm: Vec<u8>) -> Server {
     let (cert, key) = ca.server_cert();
-    let certs: Vec<CertificateDer<'static>> =
-        CertificateDer::pem_slice_iter(cert.as_bytes()).map(|c| c.unwrap()).collect();
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert.as_bytes())
+        .map(|c| c.unwrap())
+        .collect();
     let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
     let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::aws_lc_rs::default_provider(),
@@ -47,10 +48,14 @@ async fn serve(ca: &TestCa, wasm: Vec<u8>) -> Server {
     let (h, fl) = (hits.clone(), flaky.clone());
     tokio::spawn(async move {
         loop {
-            let Ok((tcp, _)) = listener.accept().await else { return };
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
             let (acceptor, wasm, h, fl) = (acceptor.clone(), wasm.clone(), h.clone(), fl.clone());
             tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(tcp).await else { return };
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
                 let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                     let (wasm, h, fl) = (wasm.clone(), h.clone(), fl.clone());
                     async move {
@@ -71,7 +76,9 @@ async fn serve(ca: &TestCa, wasm: Vec<u8>) -> Server {
                                 .body(Full::new(Bytes::from_static(b"try later"))),
                             "/flaky" => resp.body(Full::new(wasm)),
                             "/big" => resp.body(Full::new(Bytes::from(vec![0u8; 300_000]))),
-                            _ => resp.status(404).body(Full::new(Bytes::from_static(b"no such plugin"))),
+                            _ => resp
+                                .status(404)
+                                .body(Full::new(Bytes::from_static(b"no such plugin"))),
                         };
                         Ok::<_, Infallible>(r.unwrap())
                     }
@@ -114,24 +121,35 @@ async fn fetches_verifies_retries_and_bounds() {
         .fetch(&Request::new(format!("{}/plugin.wasm", srv.base)).with_sha256(&sha))
         .await
         .unwrap();
-    assert_eq!((*got.bytes == m, got.sha256.as_str(), got.attempts), (true, sha.as_str(), 1));
+    assert_eq!(
+        (*got.bytes == m, got.sha256.as_str(), got.attempts),
+        (true, sha.as_str(), 1)
+    );
 
     // Pinned and cached: no request at all.
     let before = srv.hits.load(Ordering::SeqCst);
     let got = f
-        .fetch(&Request::new(format!("{}/plugin.wasm", srv.base)).with_sha256(format!("sha256:{sha}")))
+        .fetch(
+            &Request::new(format!("{}/plugin.wasm", srv.base)).with_sha256(format!("sha256:{sha}")),
+        )
         .await
         .unwrap();
     assert!(got.from_cache);
     assert_eq!(srv.hits.load(Ordering::SeqCst), before);
 
     // Unpinned: always fetched (a URL's content may change).
-    let got = f.fetch(&Request::new(format!("{}/redirect", srv.base))).await.unwrap();
+    let got = f
+        .fetch(&Request::new(format!("{}/redirect", srv.base)))
+        .await
+        .unwrap();
     assert!(!got.from_cache);
     assert_eq!(*got.bytes, m);
 
     // 503 twice, then served: three attempts.
-    let got = f.fetch(&Request::new(format!("{}/flaky", srv.base))).await.unwrap();
+    let got = f
+        .fetch(&Request::new(format!("{}/flaky", srv.base)))
+        .await
+        .unwrap();
     assert_eq!(got.attempts, 3);
     assert_eq!(srv.flaky.load(Ordering::SeqCst), 3);
 
@@ -142,20 +160,38 @@ async fn fetches_verifies_retries_and_bounds() {
         .await
         .unwrap_err();
     assert!(matches!(e, FetchError::Sha256Mismatch { .. }), "{e}");
-    assert!(e.to_string().contains(&wrong) && e.to_string().contains(&sha), "{e}");
+    assert!(
+        e.to_string().contains(&wrong) && e.to_string().contains(&sha),
+        "{e}"
+    );
 
     // Too big: refused, not retried.
-    let e = f.fetch(&Request::new(format!("{}/big", srv.base))).await.unwrap_err();
-    assert!(matches!(e, FetchError::TooLarge { limit: 200_000, .. }), "{e}");
+    let e = f
+        .fetch(&Request::new(format!("{}/big", srv.base)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, FetchError::TooLarge { limit: 200_000, .. }),
+        "{e}"
+    );
 
     // 404: final at once, with the body in the message.
     let before = srv.hits.load(Ordering::SeqCst);
-    let e = f.fetch(&Request::new(format!("{}/nope", srv.base))).await.unwrap_err();
-    assert!(e.to_string().contains("404") && e.to_string().contains("no such plugin"), "{e}");
+    let e = f
+        .fetch(&Request::new(format!("{}/nope", srv.base)))
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("404") && e.to_string().contains("no such plugin"),
+        "{e}"
+    );
     assert_eq!(srv.hits.load(Ordering::SeqCst), before + 1);
 
     // A redirect to plain http is not followed.
-    let e = f.fetch(&Request::new(format!("{}/to-http", srv.base))).await.unwrap_err();
+    let e = f
+        .fetch(&Request::new(format!("{}/to-http", srv.base)))
+        .await
+        .unwrap_err();
     assert!(matches!(e, FetchError::Redirect { .. }), "{e}");
 }
 

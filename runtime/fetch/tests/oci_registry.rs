@@ -49,7 +49,11 @@ async fn push_artifact(
         .unwrap_or_else(|| panic!("no digest for {}", resp.manifest_url))
 }
 
-async fn digest_of(client: &oci_client::Client, r: &Reference, auth: &RegistryAuth) -> Option<String> {
+async fn digest_of(
+    client: &oci_client::Client,
+    r: &Reference,
+    auth: &RegistryAuth,
+) -> Option<String> {
     client.fetch_manifest_digest(r, auth).await.ok()
 }
 
@@ -81,7 +85,9 @@ async fn pulls_wasm_artifacts_and_compat_images_by_tag_and_digest() {
     assert_eq!((*got.bytes == m1, got.from_cache), (true, false));
     // Pinned by sha256: the module is in the cache under it, so no request is made.
     let got = f
-        .fetch(&Request::new(format!("oci://{}/weft/authz:v1", reg.addr)).with_sha256(sha256_hex(&m1)))
+        .fetch(
+            &Request::new(format!("oci://{}/weft/authz:v1", reg.addr)).with_sha256(sha256_hex(&m1)),
+        )
         .await
         .unwrap();
     assert_eq!((*got.bytes == m1, got.from_cache), (true, true));
@@ -91,7 +97,13 @@ async fn pulls_wasm_artifacts_and_compat_images_by_tag_and_digest() {
     let r: Reference = format!("{}/weft/compat:v2", reg.addr).parse().unwrap();
     let layer = ImageLayer::oci_v1_gzip(tar_gz(&[("plugin.wasm", &m2)]), None);
     client
-        .push(&r, &[layer], Config::oci_v1(b"{}".to_vec(), None), &anon, None)
+        .push(
+            &r,
+            &[layer],
+            Config::oci_v1(b"{}".to_vec(), None),
+            &anon,
+            None,
+        )
         .await
         .unwrap();
     let got = f
@@ -104,11 +116,18 @@ async fn pulls_wasm_artifacts_and_compat_images_by_tag_and_digest() {
     let m3 = module("docker");
     let layer = tar_gz(&[("./plugin.wasm", &m3)]);
     let layer_digest = format!("sha256:{}", sha256_hex(&layer));
-    let config = br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#;
+    let config =
+        br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#;
     let config_digest = format!("sha256:{}", sha256_hex(config));
     let r: Reference = format!("{}/weft/docker:v3", reg.addr).parse().unwrap();
-    client.push_blob(&r, layer.clone(), &layer_digest).await.unwrap();
-    client.push_blob(&r, config.to_vec(), &config_digest).await.unwrap();
+    client
+        .push_blob(&r, layer.clone(), &layer_digest)
+        .await
+        .unwrap();
+    client
+        .push_blob(&r, config.to_vec(), &config_digest)
+        .await
+        .unwrap();
     let docker_manifest = serde_json::json!({
         "schemaVersion": 2,
         "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
@@ -135,7 +154,13 @@ async fn pulls_wasm_artifacts_and_compat_images_by_tag_and_digest() {
     let r: Reference = format!("{}/weft/notwasm:v1", reg.addr).parse().unwrap();
     let layer = ImageLayer::new(b"hello".to_vec(), "text/plain".to_string(), None);
     client
-        .push(&r, &[layer], Config::oci_v1(b"{}".to_vec(), None), &anon, None)
+        .push(
+            &r,
+            &[layer],
+            Config::oci_v1(b"{}".to_vec(), None),
+            &anon,
+            None,
+        )
         .await
         .unwrap();
     let e = f
@@ -160,7 +185,12 @@ async fn pulls_wasm_artifacts_and_compat_images_by_tag_and_digest() {
     assert_eq!(*got.bytes, m1);
     // A fresh fetcher on the same cache directory finds it too.
     let f2 = fetcher(&ca_file, Some(tmp.path().join("cache")));
-    assert!(f2.fetch(&Request::new(&by_digest)).await.unwrap().from_cache);
+    assert!(
+        f2.fetch(&Request::new(&by_digest))
+            .await
+            .unwrap()
+            .from_cache
+    );
 }
 
 #[tokio::test]
@@ -182,7 +212,9 @@ async fn tampered_blobs_and_manifests_and_wrong_pins_are_refused() {
         .await
         .unwrap_err();
     match &e {
-        FetchError::Sha256Mismatch { expected, actual, .. } => {
+        FetchError::Sha256Mismatch {
+            expected, actual, ..
+        } => {
             assert_eq!((expected, actual), (&wrong, &sha256_hex(&m)))
         }
         other => panic!("{other}"),
@@ -210,7 +242,13 @@ async fn tampered_blobs_and_manifests_and_wrong_pins_are_refused() {
 
     // The stored manifest is tampered with (a pull by tag): refused against the registry's own digest header.
     let m = module("tampered-manifest");
-    let digest = push_artifact(&client, &format!("{}/weft/manifest:v1", reg.addr), &m, &anon).await;
+    let digest = push_artifact(
+        &client,
+        &format!("{}/weft/manifest:v1", reg.addr),
+        &m,
+        &anon,
+    )
+    .await;
     let path = reg.blob_path(&digest);
     let original = std::fs::read(&path).unwrap();
     let mut evil = original.clone();
@@ -219,20 +257,36 @@ async fn tampered_blobs_and_manifests_and_wrong_pins_are_refused() {
     evil[at] = b'W';
     std::fs::write(&path, &evil).unwrap();
     let e = f
-        .fetch(&Request::new(format!("oci://{}/weft/manifest:v1", reg.addr)))
+        .fetch(&Request::new(format!(
+            "oci://{}/weft/manifest:v1",
+            reg.addr
+        )))
         .await
         .unwrap_err();
     assert!(
-        matches!(&e, FetchError::DigestMismatch { what: "manifest", .. }),
+        matches!(
+            &e,
+            FetchError::DigestMismatch {
+                what: "manifest",
+                ..
+            }
+        ),
         "{e}"
     );
     // And by digest: the bytes do not hash to the digest asked for.
     let e = f
-        .fetch(&Request::new(format!("oci://{}/weft/manifest@{digest}", reg.addr)))
+        .fetch(&Request::new(format!(
+            "oci://{}/weft/manifest@{digest}",
+            reg.addr
+        )))
         .await
         .unwrap_err();
     match &e {
-        FetchError::DigestMismatch { what: "manifest", expected, .. } => assert_eq!(expected, &digest),
+        FetchError::DigestMismatch {
+            what: "manifest",
+            expected,
+            ..
+        } => assert_eq!(expected, &digest),
         other => panic!("{other}"),
     }
 }
@@ -251,11 +305,20 @@ async fn basic_auth_from_a_pull_secret() {
     let client = oci_client(&ca);
     let creds = RegistryAuth::Basic("weft".into(), "s3cret".into());
     let m = module("private");
-    push_artifact(&client, &format!("{}/private/authz:v1", reg.addr), &m, &creds).await;
+    push_artifact(
+        &client,
+        &format!("{}/private/authz:v1", reg.addr),
+        &m,
+        &creds,
+    )
+    .await;
     let uri = format!("oci://{}/private/authz:v1", reg.addr);
 
     // No credentials: the registry's challenge is answered with a clear error.
-    let e = fetcher(&ca_file, None).fetch(&Request::new(&uri)).await.unwrap_err();
+    let e = fetcher(&ca_file, None)
+        .fetch(&Request::new(&uri))
+        .await
+        .unwrap_err();
     assert!(matches!(e, FetchError::Auth { .. }), "{e}");
     assert!(e.to_string().contains("no username/password"), "{e}");
 

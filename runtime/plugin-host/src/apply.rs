@@ -152,7 +152,7 @@ impl PluginHost {
                 self.refusal(&applied, spec)
             };
             let result = match &current {
-                _ if refused.is_some() => Err(refused.unwrap_or_default()),
+                _ if refused.is_some() => Err(refused.clone().unwrap_or_default()),
                 Some(cur) if unchanged_spec && !(policies_changed && wants_state(cur)) => {
                     Ok::<_, String>((cur.clone(), Outcome::Unchanged))
                 }
@@ -183,7 +183,13 @@ impl PluginHost {
                     }
                     applied.rejected.remove(&name);
                     if let Outcome::Loaded { sha256 } = &outcome {
-                        self.start_probation(&mut applied, &name, &version, current.as_ref(), sha256);
+                        self.start_probation(
+                            &mut applied,
+                            &name,
+                            &version,
+                            current.as_ref(),
+                            sha256,
+                        );
                     }
                     next.insert(name.clone(), version);
                     report.plugins.push(PluginOutcome { name, outcome });
@@ -239,8 +245,14 @@ impl PluginHost {
         }
         applied.rejected.retain(|name, _| wanted.contains_key(name));
         // A removed plugin's probation and refusal go with it (a removal is the control plane's decision).
-        applied.rollout.probations.retain(|name, _| wanted.contains_key(name));
-        applied.rollout.refused.retain(|name, _| wanted.contains_key(name));
+        applied
+            .rollout
+            .probations
+            .retain(|name, _| wanted.contains_key(name));
+        applied
+            .rollout
+            .refused
+            .retain(|name, _| wanted.contains_key(name));
         applied.serving = next;
         applied.specs = wanted;
         // The chain and the plugin metrics: exactly the serving versions (a replaced or removed version's series
@@ -339,7 +351,8 @@ impl PluginHost {
         policies: Vec<Arc<Policy>>,
     ) -> ApplyReport {
         let host = self.clone();
-        match tokio::task::spawn_blocking(move || host.apply_inner(version, &specs, &policies)).await
+        match tokio::task::spawn_blocking(move || host.apply_inner(version, &specs, &policies))
+            .await
         {
             Ok(report) => report,
             Err(e) => ApplyReport {

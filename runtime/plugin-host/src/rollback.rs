@@ -13,7 +13,7 @@ use crate::bindings::types as wit;
 use crate::chain::Chain;
 use crate::host::{Applied, Swapper};
 use crate::plugin::PluginVersion;
-use crate::rollout::{RollbackEvent, Refusal, Wake};
+use crate::rollout::{Refusal, RollbackEvent, Wake};
 use crate::shared::Shared;
 
 /// How often the thread looks for windows that ended with no call to notice.
@@ -34,9 +34,12 @@ pub(crate) fn publish(applied: &Applied, chain: &ArcSwap<Chain>, shared: &Shared
         .map(|(_, (spec, reason))| (spec.clone(), reason.clone()))
         .collect();
     chain.store(Arc::new(Chain::build(&serving, &broken)));
-    shared
-        .hub
-        .publish(applied.serving.iter().map(|(n, v)| (n.as_str(), &v.ctx.metrics)));
+    shared.hub.publish(
+        applied
+            .serving
+            .iter()
+            .map(|(n, v)| (n.as_str(), &v.ctx.metrics)),
+    );
 }
 
 impl Swapper {
@@ -67,7 +70,9 @@ impl Swapper {
                 continue;
             };
             let current_is_it = applied.serving.get(&name).is_some_and(|v| {
-                v.probation.get().is_some_and(|q| Arc::ptr_eq(q, &p.probation))
+                v.probation
+                    .get()
+                    .is_some_and(|q| Arc::ptr_eq(q, &p.probation))
             });
             if !current_is_it {
                 applied.rollout.probations.remove(&name);
@@ -106,7 +111,9 @@ impl Swapper {
         let failed = applied.serving.get(name)?.clone();
         let mut previous = on.previous;
         // The policies may have changed since the swap: hand the restored version today's.
-        if previous.wants.contains(wit::StateKinds::AUTHORIZATION_POLICIES)
+        if previous
+            .wants
+            .contains(wit::StateKinds::AUTHORIZATION_POLICIES)
             && !previous
                 .state
                 .as_ref()

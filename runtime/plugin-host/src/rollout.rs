@@ -98,7 +98,10 @@ pub struct RollbackEvent {
 }
 
 mod secs {
-    pub fn serialize<S: serde::Serializer>(d: &std::time::Duration, s: S) -> Result<S::Ok, S::Error> {
+    pub fn serialize<S: serde::Serializer>(
+        d: &std::time::Duration,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
         s.serialize_f64(d.as_secs_f64())
     }
 }
@@ -189,7 +192,10 @@ impl Probation {
                 self.timeouts.fetch_add(1, Ordering::Relaxed);
             }
             CallOutcome::Failed(
-                ErrorKind::Trap | ErrorKind::Memory | ErrorKind::StackOverflow | ErrorKind::BadOutput,
+                ErrorKind::Trap
+                | ErrorKind::Memory
+                | ErrorKind::StackOverflow
+                | ErrorKind::BadOutput,
             ) => {
                 self.traps.fetch_add(1, Ordering::Relaxed);
             }
@@ -222,7 +228,13 @@ impl Probation {
         !self.fired() && now.saturating_sub(self.started) > self.policy.window
     }
 
-    pub fn event(&self, plugin: &str, rolled_back: &str, restored: &str, now: Duration) -> RollbackEvent {
+    pub fn event(
+        &self,
+        plugin: &str,
+        rolled_back: &str,
+        restored: &str,
+        now: Duration,
+    ) -> RollbackEvent {
         RollbackEvent {
             plugin: plugin.to_string(),
             rolled_back_sha256: rolled_back.to_string(),

@@ -76,11 +76,17 @@ fn a_version_that_starts_trapping_is_rolled_back_and_refused_when_resent() {
     let s = setup(rollout(5, 0.5));
     let (good, good_sha) = pinned("p", &allowlist(), r#"{"ports": [666, 80]}"#);
     let (bad, bad_sha) = pinned("p", &misbehave(), "trap");
-    assert!(matches!(s.host.apply(&[good.clone()], &[]).get("p"), Some(Outcome::Loaded { .. })));
+    assert!(matches!(
+        s.host.apply(&[good.clone()], &[]).get("p"),
+        Some(Outcome::Loaded { .. })
+    ));
     // The first version replaced nothing: no probation.
     assert!(!s.host.status()[0].on_probation);
     let mut rx = s.host.rollbacks();
-    assert!(matches!(s.host.apply(&[bad.clone()], &[]).get("p"), Some(Outcome::Loaded { .. })));
+    assert!(matches!(
+        s.host.apply(&[bad.clone()], &[]).get("p"),
+        Some(Outcome::Loaded { .. })
+    ));
     assert!(s.host.status()[0].on_probation);
 
     // Port 666 traps in the new version (fail-closed: denied). Five calls, five traps: over 50 % of >= 5.
@@ -89,22 +95,39 @@ fn a_version_that_starts_trapping_is_rolled_back_and_refused_when_resent() {
     }
     let e = next_rollback(&mut rx);
     assert_eq!(e.plugin, "p");
-    assert_eq!((e.rolled_back_sha256.as_str(), e.restored_sha256.as_str()), (bad_sha.as_str(), good_sha.as_str()));
+    assert_eq!(
+        (e.rolled_back_sha256.as_str(), e.restored_sha256.as_str()),
+        (bad_sha.as_str(), good_sha.as_str())
+    );
     assert_eq!((e.calls, e.failures, e.traps, e.timeouts), (5, 5, 5, 0));
     assert!((e.max_failure_ratio - 0.5).abs() < 1e-9);
     // The previous version serves again: 666 is allowed.
     assert!(s.host_authorize(666).is_allow());
     assert_eq!(rollbacks_metric(&s.host, "p"), 1);
     let st = &s.host.status()[0];
-    assert_eq!((st.state, st.sha256.as_deref()), ("serving-previous", Some(good_sha.as_str())));
-    assert!(st.last_error.as_deref().is_some_and(|r| r.contains("rolled back")), "{st:?}");
+    assert_eq!(
+        (st.state, st.sha256.as_deref()),
+        ("serving-previous", Some(good_sha.as_str()))
+    );
+    assert!(
+        st.last_error
+            .as_deref()
+            .is_some_and(|r| r.contains("rolled back")),
+        "{st:?}"
+    );
     assert!(!st.on_probation);
 
     // The same code resent is refused; so is the same code with another config.
     for spec in [bad.clone(), pinned("p", &misbehave(), "deny").0] {
         match s.host.apply(&[spec], &[]).get("p") {
-            Some(Outcome::Rejected { reason, still_serving }) => {
-                assert!(reason.contains("rolled back") && reason.contains(&bad_sha), "{reason}");
+            Some(Outcome::Rejected {
+                reason,
+                still_serving,
+            }) => {
+                assert!(
+                    reason.contains("rolled back") && reason.contains(&bad_sha),
+                    "{reason}"
+                );
                 assert_eq!(still_serving.as_deref(), Some(good_sha.as_str()));
             }
             other => panic!("{other:?}"),
@@ -113,9 +136,15 @@ fn a_version_that_starts_trapping_is_rolled_back_and_refused_when_resent() {
     assert!(s.host_authorize(666).is_allow());
     // Different code lifts the refusal (here: the restored code with another config).
     let (other, _) = pinned("p", &allowlist(), r#"{"ports": [80]}"#);
-    assert!(matches!(s.host.apply(&[other], &[]).get("p"), Some(Outcome::Loaded { .. })));
+    assert!(matches!(
+        s.host.apply(&[other], &[]).get("p"),
+        Some(Outcome::Loaded { .. })
+    ));
     assert!(!s.host_authorize(666).is_allow());
-    assert!(matches!(s.host.apply(&[bad], &[]).get("p"), Some(Outcome::Loaded { .. })));
+    assert!(matches!(
+        s.host.apply(&[bad], &[]).get("p"),
+        Some(Outcome::Loaded { .. })
+    ));
     assert_eq!(rollbacks_metric(&s.host, "p"), 1);
 }
 
@@ -174,7 +203,10 @@ fn failures_at_or_under_the_threshold_or_with_probation_disabled_roll_nothing_ba
     s.host.apply(&[v1], &[]);
     let (v2, v2_sha) = pinned("p", &misbehave(), "trap");
     let mut v2 = (*v2).clone();
-    v2.rollout = Some(PluginRollout { disabled: true, ..rollout(1, 0.0) });
+    v2.rollout = Some(PluginRollout {
+        disabled: true,
+        ..rollout(1, 0.0)
+    });
     s.host.apply(&[Arc::new(v2)], &[]);
     assert!(!s.host.status()[0].on_probation);
     for _ in 0..10 {

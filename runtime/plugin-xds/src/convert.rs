@@ -150,43 +150,48 @@ pub fn decode(name: &str, tec: &TypedExtensionConfig) -> Result<PluginResource, 
         .as_ref()
         .ok_or_else(|| err("typed_config", "missing"))?;
     let decode_err = |e: prost::DecodeError| err("typed_config", format!("cannot decode: {e}"));
-    let (config, extra, prefix): (PluginConfig, Option<weft::WeftPlugin>, &str) =
-        match any.type_url.as_str() {
-            type_url::WEFT_PLUGIN => {
-                let wp = <weft::WeftPlugin as prost::Message>::decode(any.value.as_slice())
-                    .map_err(decode_err)?;
-                let config = wp
-                    .config
-                    .clone()
-                    .ok_or_else(|| err("typed_config.config", "missing"))?;
-                (config, Some(wp), "typed_config.config")
-            }
-            type_url::WASM_NETWORK_FILTER => {
-                let w = <Wasm as prost::Message>::decode(any.value.as_slice()).map_err(decode_err)?;
-                let config = w
-                    .config
-                    .ok_or_else(|| err("typed_config.config", "missing"))?;
-                (config, None, "typed_config.config")
-            }
-            type_url::WASM_PLUGIN_CONFIG => (
-                <PluginConfig as prost::Message>::decode(any.value.as_slice()).map_err(decode_err)?,
-                None,
-                "typed_config",
-            ),
-            other => {
-                return Err(err(
-                    "typed_config.type_url",
-                    format!(
-                        "{other:?} is not a plugin (expected {}, {} or {})",
-                        type_url::WEFT_PLUGIN,
-                        type_url::WASM_NETWORK_FILTER,
-                        type_url::WASM_PLUGIN_CONFIG
-                    ),
-                ));
-            }
-        };
+    let (config, extra, prefix): (PluginConfig, Option<weft::WeftPlugin>, &str) = match any
+        .type_url
+        .as_str()
+    {
+        type_url::WEFT_PLUGIN => {
+            let wp = <weft::WeftPlugin as prost::Message>::decode(any.value.as_slice())
+                .map_err(decode_err)?;
+            let config = wp
+                .config
+                .clone()
+                .ok_or_else(|| err("typed_config.config", "missing"))?;
+            (config, Some(wp), "typed_config.config")
+        }
+        type_url::WASM_NETWORK_FILTER => {
+            let w = <Wasm as prost::Message>::decode(any.value.as_slice()).map_err(decode_err)?;
+            let config = w
+                .config
+                .ok_or_else(|| err("typed_config.config", "missing"))?;
+            (config, None, "typed_config.config")
+        }
+        type_url::WASM_PLUGIN_CONFIG => (
+            <PluginConfig as prost::Message>::decode(any.value.as_slice()).map_err(decode_err)?,
+            None,
+            "typed_config",
+        ),
+        other => {
+            return Err(err(
+                "typed_config.type_url",
+                format!(
+                    "{other:?} is not a plugin (expected {}, {} or {})",
+                    type_url::WEFT_PLUGIN,
+                    type_url::WASM_NETWORK_FILTER,
+                    type_url::WASM_PLUGIN_CONFIG
+                ),
+            ));
+        }
+    };
     let (code, sha256) = code(&config, prefix)?;
-    let plugin_config = configuration(config.configuration.as_ref(), &format!("{prefix}.configuration"))?;
+    let plugin_config = configuration(
+        config.configuration.as_ref(),
+        &format!("{prefix}.configuration"),
+    )?;
     let failure_policy = failure_policy(&config, prefix)?;
     let mut r = PluginResource {
         name: name.to_string(),
@@ -220,10 +225,17 @@ fn code(config: &PluginConfig, prefix: &str) -> Result<(Code, Option<String>), C
         .code
         .as_ref()
         .and_then(|c| c.specifier.as_ref())
-        .ok_or_else(|| err(&field, "missing (inline bytes or a remote https:// / oci:// URI)"))?;
+        .ok_or_else(|| {
+            err(
+                &field,
+                "missing (inline bytes or a remote https:// / oci:// URI)",
+            )
+        })?;
     match source {
         Async::Local(local) => match &local.specifier {
-            Some(Local::InlineBytes(b)) if !b.is_empty() => Ok((Code::Inline(Arc::new(b.clone())), None)),
+            Some(Local::InlineBytes(b)) if !b.is_empty() => {
+                Ok((Code::Inline(Arc::new(b.clone())), None))
+            }
             Some(Local::InlineString(s)) if !s.is_empty() => {
                 Ok((Code::Inline(Arc::new(s.as_bytes().to_vec())), None))
             }
@@ -232,7 +244,9 @@ fn code(config: &PluginConfig, prefix: &str) -> Result<(Code, Option<String>), C
             }
             Some(Local::Filename(f)) => Err(err(
                 format!("{field}.local.filename"),
-                format!("{f:?}: a control plane may not name files on the node (send the bytes or a URI)"),
+                format!(
+                    "{f:?}: a control plane may not name files on the node (send the bytes or a URI)"
+                ),
             )),
             Some(Local::EnvironmentVariable(_)) => Err(err(
                 format!("{field}.local.environment_variable"),
@@ -255,7 +269,10 @@ fn code(config: &PluginConfig, prefix: &str) -> Result<(Code, Option<String>), C
                 s => {
                     let s = s.strip_prefix("sha256:").unwrap_or(s).to_ascii_lowercase();
                     if s.len() != 64 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-                        return Err(err(format!("{f}.sha256"), format!("{s:?} is not 64 hex digits")));
+                        return Err(err(
+                            format!("{f}.sha256"),
+                            format!("{s:?} is not 64 hex digits"),
+                        ));
                     }
                     Some(s)
                 }
@@ -274,15 +291,28 @@ fn code(config: &PluginConfig, prefix: &str) -> Result<(Code, Option<String>), C
                             let base = b
                                 .base_interval
                                 .as_ref()
-                                .map(|d| duration(d, &format!("{f}.retry_policy.retry_back_off.base_interval")))
+                                .map(|d| {
+                                    duration(
+                                        d,
+                                        &format!("{f}.retry_policy.retry_back_off.base_interval"),
+                                    )
+                                })
                                 .transpose()?
                                 .ok_or_else(|| {
-                                    err(format!("{f}.retry_policy.retry_back_off.base_interval"), "missing")
+                                    err(
+                                        format!("{f}.retry_policy.retry_back_off.base_interval"),
+                                        "missing",
+                                    )
                                 })?;
                             let max = b
                                 .max_interval
                                 .as_ref()
-                                .map(|d| duration(d, &format!("{f}.retry_policy.retry_back_off.max_interval")))
+                                .map(|d| {
+                                    duration(
+                                        d,
+                                        &format!("{f}.retry_policy.retry_back_off.max_interval"),
+                                    )
+                                })
                                 .transpose()?
                                 .unwrap_or(base * 10);
                             if max < base {
@@ -338,7 +368,12 @@ fn configuration(any: Option<&prost_types::Any>, field: &str) -> Result<String, 
         }
         type_url::BYTES_VALUE => {
             let v: Vec<u8> = prost::Message::decode(any.value.as_slice()).map_err(decode_err)?;
-            String::from_utf8(v).map_err(|_| err(field, "BytesValue is not UTF-8 (configure() takes a string)"))
+            String::from_utf8(v).map_err(|_| {
+                err(
+                    field,
+                    "BytesValue is not UTF-8 (configure() takes a string)",
+                )
+            })
         }
         type_url::STRUCT => {
             let s: prost_types::Struct =
@@ -353,7 +388,12 @@ fn configuration(any: Option<&prost_types::Any>, field: &str) -> Result<String, 
 }
 
 fn struct_json(s: &prost_types::Struct) -> serde_json::Value {
-    serde_json::Value::Object(s.fields.iter().map(|(k, v)| (k.clone(), value_json(v))).collect())
+    serde_json::Value::Object(
+        s.fields
+            .iter()
+            .map(|(k, v)| (k.clone(), value_json(v)))
+            .collect(),
+    )
 }
 
 fn value_json(v: &prost_types::Value) -> serde_json::Value {
@@ -365,7 +405,9 @@ fn value_json(v: &prost_types::Value) -> serde_json::Value {
         Some(Kind::StringValue(s)) => serde_json::Value::String(s.clone()),
         Some(Kind::BoolValue(b)) => serde_json::Value::Bool(*b),
         Some(Kind::StructValue(s)) => struct_json(s),
-        Some(Kind::ListValue(l)) => serde_json::Value::Array(l.values.iter().map(value_json).collect()),
+        Some(Kind::ListValue(l)) => {
+            serde_json::Value::Array(l.values.iter().map(value_json).collect())
+        }
     }
 }
 
@@ -388,11 +430,19 @@ fn weft_fields(wp: &weft::WeftPlugin, r: &mut PluginResource) -> Result<(), Conv
         Ok(weft::Kind::Unspecified) => None,
         Ok(weft::Kind::Policy) => Some(PluginKind::Policy),
         Ok(weft::Kind::Telemetry) => Some(PluginKind::Telemetry),
-        Err(_) => return Err(err("typed_config.kind", format!("unknown value {}", wp.kind))),
+        Err(_) => {
+            return Err(err(
+                "typed_config.kind",
+                format!("unknown value {}", wp.kind),
+            ));
+        }
     };
     r.priority = wp.priority;
     if let Some(sel) = &wp.selector {
-        for (list, field) in [(&sel.namespaces, "namespaces"), (&sel.workloads, "workloads")] {
+        for (list, field) in [
+            (&sel.namespaces, "namespaces"),
+            (&sel.workloads, "workloads"),
+        ] {
             if let Some(i) = list.iter().position(|s| s.trim().is_empty()) {
                 return Err(err(format!("typed_config.selector.{field}[{i}]"), "empty"));
             }
@@ -421,10 +471,18 @@ fn weft_fields(wp: &weft::WeftPlugin, r: &mut PluginResource) -> Result<(), Conv
         let window = match &ro.window {
             Some(w) => duration(w, "typed_config.rollout.window")?,
             None if ro.disabled => Duration::ZERO,
-            None => return Err(err("typed_config.rollout.window", "missing (or set disabled)")),
+            None => {
+                return Err(err(
+                    "typed_config.rollout.window",
+                    "missing (or set disabled)",
+                ));
+            }
         };
         if !ro.disabled && window.is_zero() {
-            return Err(err("typed_config.rollout.window", "zero (set disabled to turn probation off)"));
+            return Err(err(
+                "typed_config.rollout.window",
+                "zero (set disabled to turn probation off)",
+            ));
         }
         if !(0.0..=1.0).contains(&ro.max_failure_ratio) {
             return Err(err(

@@ -18,7 +18,11 @@ use crate::convert::{Code, PluginResource, decode_resource};
 /// upserts and returns the state version that carries them.
 pub trait PluginSink: Send + Sync + 'static {
     /// Replace this source's plugins named in `upserts`, drop those in `removals`.
-    fn put(&self, upserts: Vec<PluginSpec>, removals: Vec<String>) -> BoxFuture<'_, Result<u64, String>>;
+    fn put(
+        &self,
+        upserts: Vec<PluginSpec>,
+        removals: Vec<String>,
+    ) -> BoxFuture<'_, Result<u64, String>>;
 }
 
 /// One resource of an xDS response.
@@ -84,14 +88,17 @@ impl EcdsHandler {
 
     /// The spec for one resource: decoded, code fetched and verified, kind known.
     async fn prepare(&self, r: &Resource) -> Result<PluginSpec, Refused> {
-        let res: PluginResource = decode_resource(&r.name, &r.any).map_err(|e| refused(&r.name, e))?;
+        let res: PluginResource =
+            decode_resource(&r.name, &r.any).map_err(|e| refused(&r.name, e))?;
         let (bytes, sha) = match &res.code {
             Code::Inline(b) => {
                 let sha = weft_fetch::sha256_hex(b);
                 (b.clone(), sha)
             }
             Code::Remote(_) => {
-                let req = res.fetch_request().ok_or_else(|| refused(&r.name, "no fetch request"))?;
+                let req = res
+                    .fetch_request()
+                    .ok_or_else(|| refused(&r.name, "no fetch request"))?;
                 let f = self
                     .fetcher
                     .fetch(&req)
@@ -134,7 +141,11 @@ impl EcdsHandler {
         let version = match self.sink.put(specs.clone(), removals.clone()).await {
             Ok(v) => v,
             Err(e) => {
-                refusals.extend(names.iter().map(|n| refused(n, format!("state refused it: {e}"))));
+                refusals.extend(
+                    names
+                        .iter()
+                        .map(|n| refused(n, format!("state refused it: {e}"))),
+                );
                 return log(refusals);
             }
         };

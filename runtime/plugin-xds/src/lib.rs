@@ -9,6 +9,8 @@ pub mod convert;
 pub mod handler;
 pub mod report;
 
-pub use convert::{Code, ConvertError, ISTIO_PULL_SECRET_ENV, PluginResource, RemoteCode, decode, decode_resource};
+pub use convert::{
+    Code, ConvertError, ISTIO_PULL_SECRET_ENV, PluginResource, RemoteCode, decode, decode_resource,
+};
 pub use handler::{EcdsHandler, PluginSink, Refused, Resource};
 pub use report::{Nack, rollback_report, spawn_rollback_reporter};

@@ -45,11 +45,15 @@ pub fn spawn_rollback_reporter(
         loop {
             match rx.recv().await {
                 Ok(e) => {
-                    nack(&e.plugin, &e.reason(), vec![rollback_report(&e)]);
+                    // The state first, so that whoever sees the NACK sees the restored version in the state.
                     handler.rolled_back(&e.plugin).await;
+                    nack(&e.plugin, &e.reason(), vec![rollback_report(&e)]);
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                    tracing::warn!(missed = n, "rollback reports lagged; some were not sent to the control plane");
+                    tracing::warn!(
+                        missed = n,
+                        "rollback reports lagged; some were not sent to the control plane"
+                    );
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
             }

@@ -16,29 +16,42 @@ use weft_state::{FailurePolicy, PluginDirections, PluginKind, PluginRollout};
 
 fn inline(bytes: &[u8]) -> core::AsyncDataSource {
     core::AsyncDataSource {
-        specifier: Some(core::async_data_source::Specifier::Local(core::DataSource {
-            specifier: Some(core::data_source::Specifier::InlineBytes(bytes.to_vec())),
-        })),
+        specifier: Some(core::async_data_source::Specifier::Local(
+            core::DataSource {
+                specifier: Some(core::data_source::Specifier::InlineBytes(bytes.to_vec())),
+            },
+        )),
     }
 }
 
 fn remote(uri: &str, sha: &str) -> core::AsyncDataSource {
     core::AsyncDataSource {
-        specifier: Some(core::async_data_source::Specifier::Remote(core::RemoteDataSource {
-            http_uri: Some(core::HttpUri {
-                uri: uri.into(),
-                http_upstream_type: None,
-                timeout: Some(prost_types::Duration { seconds: 7, nanos: 0 }),
-            }),
-            sha256: sha.into(),
-            retry_policy: Some(core::RetryPolicy {
-                retry_back_off: Some(core::BackoffStrategy {
-                    base_interval: Some(prost_types::Duration { seconds: 0, nanos: 200_000_000 }),
-                    max_interval: Some(prost_types::Duration { seconds: 2, nanos: 0 }),
+        specifier: Some(core::async_data_source::Specifier::Remote(
+            core::RemoteDataSource {
+                http_uri: Some(core::HttpUri {
+                    uri: uri.into(),
+                    http_upstream_type: None,
+                    timeout: Some(prost_types::Duration {
+                        seconds: 7,
+                        nanos: 0,
+                    }),
                 }),
-                num_retries: Some(4),
-            }),
-        })),
+                sha256: sha.into(),
+                retry_policy: Some(core::RetryPolicy {
+                    retry_back_off: Some(core::BackoffStrategy {
+                        base_interval: Some(prost_types::Duration {
+                            seconds: 0,
+                            nanos: 200_000_000,
+                        }),
+                        max_interval: Some(prost_types::Duration {
+                            seconds: 2,
+                            nanos: 0,
+                        }),
+                    }),
+                    num_retries: Some(4),
+                }),
+            },
+        )),
     }
 }
 
@@ -49,7 +62,10 @@ fn string_value(s: &str) -> prost_types::Any {
     }
 }
 
-fn plugin_config(code: core::AsyncDataSource, configuration: Option<prost_types::Any>) -> wasm::PluginConfig {
+fn plugin_config(
+    code: core::AsyncDataSource,
+    configuration: Option<prost_types::Any>,
+) -> wasm::PluginConfig {
     wasm::PluginConfig {
         name: "ns.authz".into(),
         root_id: String::new(),
@@ -81,7 +97,10 @@ fn a_weft_plugin_carries_everything() {
         config: Some(wasm::PluginConfig {
             failure_policy: wasm::FailurePolicy::FailOpen as i32,
             ..plugin_config(
-                remote("oci://registry.local:5000/weft/authz:v1", &format!("sha256:{}", sha.to_uppercase())),
+                remote(
+                    "oci://registry.local:5000/weft/authz:v1",
+                    &format!("sha256:{}", sha.to_uppercase()),
+                ),
                 Some(string_value(r#"{"ports":[80]}"#)),
             )
         }),
@@ -91,23 +110,42 @@ fn a_weft_plugin_carries_everything() {
             namespaces: vec!["shop".into()],
             workloads: vec!["frontend".into()],
         }),
-        directions: Some(weft::Directions { inbound: true, outbound: true }),
+        directions: Some(weft::Directions {
+            inbound: true,
+            outbound: true,
+        }),
         rollout: Some(weft::Rollout {
-            window: Some(prost_types::Duration { seconds: 30, nanos: 0 }),
+            window: Some(prost_types::Duration {
+                seconds: 30,
+                nanos: 0,
+            }),
             max_failure_ratio: 0.25,
             min_calls: 8,
             disabled: false,
         }),
         recheck: Some(false),
     };
-    let r = decode_resource("authz", &tec("authz", weft_proto::to_any(type_url::WEFT_PLUGIN, &wp))).unwrap();
+    let r = decode_resource(
+        "authz",
+        &tec("authz", weft_proto::to_any(type_url::WEFT_PLUGIN, &wp)),
+    )
+    .unwrap();
     assert_eq!(r.name, "authz");
     assert_eq!(r.sha256.as_deref(), Some(sha.as_str()));
     assert_eq!(r.config, r#"{"ports":[80]}"#);
     assert_eq!(r.failure_policy, FailurePolicy::FailOpen);
-    assert_eq!((r.kind, r.priority, r.recheck), (Some(PluginKind::Policy), -5, false));
+    assert_eq!(
+        (r.kind, r.priority, r.recheck),
+        (Some(PluginKind::Policy), -5, false)
+    );
     assert_eq!(r.selector.namespaces, vec!["shop".to_string()]);
-    assert_eq!(r.directions, PluginDirections { inbound: true, outbound: true });
+    assert_eq!(
+        r.directions,
+        PluginDirections {
+            inbound: true,
+            outbound: true
+        }
+    );
     assert_eq!(
         r.rollout,
         Some(PluginRollout {
@@ -119,10 +157,16 @@ fn a_weft_plugin_carries_everything() {
     );
     let req = r.fetch_request().unwrap();
     assert_eq!(req.uri, "oci://registry.local:5000/weft/authz:v1");
-    assert_eq!((req.timeout, req.retries), (Some(Duration::from_secs(7)), Some(4)));
+    assert_eq!(
+        (req.timeout, req.retries),
+        (Some(Duration::from_secs(7)), Some(4))
+    );
     assert_eq!(
         req.backoff,
-        Some(weft_fetch::Backoff { base: Duration::from_millis(200), max: Duration::from_secs(2) })
+        Some(weft_fetch::Backoff {
+            base: Duration::from_millis(200),
+            max: Duration::from_secs(2)
+        })
     );
 }
 
@@ -139,12 +183,23 @@ fn istiods_network_wasm_filter_with_its_pull_secret() {
         vm.environment_variables = Some(wasm::EnvironmentVariables {
             host_env_keys: vec![],
             key_values: HashMap::from([
-                ("ISTIO_META_WASM_IMAGE_PULL_SECRET".to_string(), r#"{"auths":{}}"#.to_string()),
-                ("ISTIO_META_WASM_PLUGIN_RESOURCE_VERSION".to_string(), "42".to_string()),
+                (
+                    "ISTIO_META_WASM_IMAGE_PULL_SECRET".to_string(),
+                    r#"{"auths":{}}"#.to_string(),
+                ),
+                (
+                    "ISTIO_META_WASM_PLUGIN_RESOURCE_VERSION".to_string(),
+                    "42".to_string(),
+                ),
             ]),
         });
     }
-    let any = weft_proto::to_any(type_url::WASM_NETWORK_FILTER, &Wasm { config: Some(config) });
+    let any = weft_proto::to_any(
+        type_url::WASM_NETWORK_FILTER,
+        &Wasm {
+            config: Some(config),
+        },
+    );
     let r = decode_resource("istio-system.authz", &tec("istio-system.authz", any)).unwrap();
     assert_eq!(r.failure_policy, FailurePolicy::FailOpen);
     assert_eq!((r.kind, r.sha256.as_deref()), (None, None));
@@ -163,12 +218,24 @@ fn a_bare_plugin_config_with_inline_code_and_every_configuration_encoding() {
     };
     let st = prost_types::Struct {
         fields: [
-            ("ports".to_string(), prost_types::Value {
-                kind: Some(prost_types::value::Kind::ListValue(prost_types::ListValue {
-                    values: vec![prost_types::Value { kind: Some(prost_types::value::Kind::NumberValue(80.0)) }],
-                })),
-            }),
-            ("on".to_string(), prost_types::Value { kind: Some(prost_types::value::Kind::BoolValue(true)) }),
+            (
+                "ports".to_string(),
+                prost_types::Value {
+                    kind: Some(prost_types::value::Kind::ListValue(
+                        prost_types::ListValue {
+                            values: vec![prost_types::Value {
+                                kind: Some(prost_types::value::Kind::NumberValue(80.0)),
+                            }],
+                        },
+                    )),
+                },
+            ),
+            (
+                "on".to_string(),
+                prost_types::Value {
+                    kind: Some(prost_types::value::Kind::BoolValue(true)),
+                },
+            ),
         ]
         .into_iter()
         .collect(),
@@ -177,14 +244,26 @@ fn a_bare_plugin_config_with_inline_code_and_every_configuration_encoding() {
     for (configuration, expected) in [
         (None, String::new()),
         (Some(bytes_value), "raw-config".to_string()),
-        (Some(struct_any), r#"{"on":true,"ports":[80.0]}"#.to_string()),
+        (
+            Some(struct_any),
+            r#"{"on":true,"ports":[80.0]}"#.to_string(),
+        ),
     ] {
         let pc = plugin_config(inline(b"\0asm-bytes"), configuration);
-        let r = decode_resource("p", &tec("", weft_proto::to_any(type_url::WASM_PLUGIN_CONFIG, &pc))).unwrap();
-        assert_eq!(r.code, Code::Inline(std::sync::Arc::new(b"\0asm-bytes".to_vec())));
+        let r = decode_resource(
+            "p",
+            &tec("", weft_proto::to_any(type_url::WASM_PLUGIN_CONFIG, &pc)),
+        )
+        .unwrap();
+        assert_eq!(
+            r.code,
+            Code::Inline(std::sync::Arc::new(b"\0asm-bytes".to_vec()))
+        );
         assert_eq!(r.failure_policy, FailurePolicy::FailClosed);
-        let got: serde_json::Value = serde_json::from_str(&r.config).unwrap_or(serde_json::Value::String(r.config.clone()));
-        let want: serde_json::Value = serde_json::from_str(&expected).unwrap_or(serde_json::Value::String(expected.clone()));
+        let got: serde_json::Value =
+            serde_json::from_str(&r.config).unwrap_or(serde_json::Value::String(r.config.clone()));
+        let want: serde_json::Value =
+            serde_json::from_str(&expected).unwrap_or(serde_json::Value::String(expected.clone()));
         assert_eq!(got, want);
     }
 }
@@ -193,32 +272,95 @@ fn a_bare_plugin_config_with_inline_code_and_every_configuration_encoding() {
 fn refusals_name_the_field() {
     let pc = |code| weft_proto::to_any(type_url::WASM_PLUGIN_CONFIG, &plugin_config(code, None));
     let file = core::AsyncDataSource {
-        specifier: Some(core::async_data_source::Specifier::Local(core::DataSource {
-            specifier: Some(core::data_source::Specifier::Filename("/etc/shadow".into())),
-        })),
+        specifier: Some(core::async_data_source::Specifier::Local(
+            core::DataSource {
+                specifier: Some(core::data_source::Specifier::Filename("/etc/shadow".into())),
+            },
+        )),
     };
     let wp = |f: &dyn Fn(&mut weft::WeftPlugin)| {
-        let mut w = weft::WeftPlugin { config: Some(plugin_config(inline(b"x"), None)), ..Default::default() };
+        let mut w = weft::WeftPlugin {
+            config: Some(plugin_config(inline(b"x"), None)),
+            ..Default::default()
+        };
         f(&mut w);
         weft_proto::to_any(type_url::WEFT_PLUGIN, &w)
     };
     let cases: Vec<(&str, prost_types::Any, &str)> = vec![
         ("p", pc(file), "typed_config.vm_config.code.local.filename"),
-        ("p", pc(remote("http://x/p.wasm", "")), "typed_config.vm_config.code.remote.http_uri.uri"),
-        ("p", pc(remote("https://x/p.wasm", "1234")), "typed_config.vm_config.code.remote.sha256"),
-        ("p", pc(core::AsyncDataSource { specifier: None }), "typed_config.vm_config.code"),
+        (
+            "p",
+            pc(remote("http://x/p.wasm", "")),
+            "typed_config.vm_config.code.remote.http_uri.uri",
+        ),
+        (
+            "p",
+            pc(remote("https://x/p.wasm", "1234")),
+            "typed_config.vm_config.code.remote.sha256",
+        ),
+        (
+            "p",
+            pc(core::AsyncDataSource { specifier: None }),
+            "typed_config.vm_config.code",
+        ),
         ("p", string_value("x"), "typed_config.type_url"),
         ("p", wp(&|w| w.kind = 9), "typed_config.kind"),
-        ("p", wp(&|w| w.directions = Some(weft::Directions::default())), "typed_config.directions"),
-        ("p", wp(&|w| w.selector = Some(weft::WorkloadSelector { namespaces: vec![" ".into()], workloads: vec![] })),
-            "typed_config.selector.namespaces[0]"),
-        ("p", wp(&|w| w.rollout = Some(weft::Rollout { max_failure_ratio: 1.5, window: Some(prost_types::Duration { seconds: 1, nanos: 0 }), ..Default::default() })),
-            "typed_config.rollout.max_failure_ratio"),
-        ("p", wp(&|w| w.rollout = Some(weft::Rollout::default())), "typed_config.rollout.window"),
+        (
+            "p",
+            wp(&|w| w.directions = Some(weft::Directions::default())),
+            "typed_config.directions",
+        ),
+        (
+            "p",
+            wp(&|w| {
+                w.selector = Some(weft::WorkloadSelector {
+                    namespaces: vec![" ".into()],
+                    workloads: vec![],
+                })
+            }),
+            "typed_config.selector.namespaces[0]",
+        ),
+        (
+            "p",
+            wp(&|w| {
+                w.rollout = Some(weft::Rollout {
+                    max_failure_ratio: 1.5,
+                    window: Some(prost_types::Duration {
+                        seconds: 1,
+                        nanos: 0,
+                    }),
+                    ..Default::default()
+                })
+            }),
+            "typed_config.rollout.max_failure_ratio",
+        ),
+        (
+            "p",
+            wp(&|w| w.rollout = Some(weft::Rollout::default())),
+            "typed_config.rollout.window",
+        ),
         ("p", wp(&|w| w.config = None), "typed_config.config"),
-        ("p", wp(&|w| if let Some(c) = &mut w.config { c.configuration = Some(prost_types::Any { type_url: "type.googleapis.com/google.protobuf.Int32Value".into(), value: vec![] }) }),
-            "typed_config.config.configuration"),
-        ("p", wp(&|w| if let Some(c) = &mut w.config { c.failure_policy = 99 }), "typed_config.config.failure_policy"),
+        (
+            "p",
+            wp(&|w| {
+                if let Some(c) = &mut w.config {
+                    c.configuration = Some(prost_types::Any {
+                        type_url: "type.googleapis.com/google.protobuf.Int32Value".into(),
+                        value: vec![],
+                    })
+                }
+            }),
+            "typed_config.config.configuration",
+        ),
+        (
+            "p",
+            wp(&|w| {
+                if let Some(c) = &mut w.config {
+                    c.failure_policy = 99
+                }
+            }),
+            "typed_config.config.failure_policy",
+        ),
     ];
     for (name, any, field) in cases {
         let e = decode_resource(name, &tec(name, any)).unwrap_err();

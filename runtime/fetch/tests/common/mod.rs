@@ -32,8 +32,8 @@ impl TestCa {
     /// (certificate PEM, key PEM) for `127.0.0.1` and `localhost`.
     pub fn server_cert(&self) -> (String, String) {
         let key = KeyPair::generate().unwrap();
-        let p = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-            .unwrap();
+        let p =
+            CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
         let cert = p.signed_by(&key, &self.issuer).unwrap();
         (cert.pem(), key.serialize_pem())
     }
@@ -114,7 +114,9 @@ impl Registry {
                 .stderr(Stdio::piped())
                 .kill_on_drop(true)
                 .spawn()
-                .expect("docker-registry must be installed: .ci/run installs Debian's docker-registry");
+                .expect(
+                    "docker-registry must be installed: .ci/run installs Debian's docker-registry",
+                );
             let stderr = child.stderr.take().unwrap();
             let mut lines = BufReader::new(stderr).lines();
             let mut log = String::new();
