@@ -158,11 +158,12 @@ impl PluginHost {
     /// applied together are reported once, under the latest).
     pub async fn wait_applied(&self, version: u64) -> Arc<AppliedVersion> {
         let mut rx = self.reports.subscribe();
-        match rx.wait_for(|a| a.state_version >= version).await {
-            Ok(a) => a.clone(),
-            // The sender lives as long as the host, which `&self` proves.
-            Err(_) => rx.borrow().clone(),
-        }
+        let waited = rx
+            .wait_for(|a| a.state_version >= version)
+            .await
+            .map(|a| a.clone());
+        // The sender lives as long as the host, which `&self` proves; fall back to the latest all the same.
+        waited.unwrap_or_else(|_| self.reports.borrow().clone())
     }
 
     /// Judges every probation now (rolls back what crossed its threshold, ends what outlived its window). The
