@@ -226,6 +226,25 @@ pub struct RunArgs {
     /// Directory where compiled plugins are cached by content hash (none: compile on every start).
     #[arg(long, env = "WEFT_PLUGIN_CACHE")]
     pub plugin_cache: Option<PathBuf>,
+    /// Docker config.json with registry credentials for plugin code pulled from OCI registries (oci:// in a
+    /// plugin resource); re-read on every pull. A resource's own pull secret (Istio's) is tried first.
+    #[arg(long, env = "WEFT_PLUGIN_PULL_SECRET")]
+    pub plugin_pull_secret: Option<PathBuf>,
+    /// Directory where plugin code fetched over https:// or from OCI registries is cached by digest (created
+    /// 0700; every entry re-hashed when read). None: fetched again after every restart.
+    #[arg(long, env = "WEFT_PLUGIN_FETCH_CACHE")]
+    pub plugin_fetch_cache: Option<PathBuf>,
+    /// Probation of a new plugin version (plugins whose resource sets no rollout): how long after the swap its
+    /// failures can roll it back (0 turns probation off).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub plugin_rollout_window: std::time::Duration,
+    /// Probation: the share of calls (0..1) that may fail (traps, deadline overruns) before the version is
+    /// rolled back to the previous one.
+    #[arg(long, default_value_t = 0.2, value_parser = parse_ratio)]
+    pub plugin_rollout_max_failure_ratio: f64,
+    /// Probation: calls needed before the failure share is judged.
+    #[arg(long, default_value_t = 20)]
+    pub plugin_rollout_min_calls: u32,
     /// Data-path worker threads.
     #[arg(long, default_value_t = 2)]
     pub worker_threads: usize,
@@ -307,5 +326,14 @@ impl CaArgs {
             signer_name: self.csr_signer_name.clone(),
             timeout: self.ca_timeout,
         }
+    }
+}
+
+fn parse_ratio(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not within 0..1"))
     }
 }

@@ -39,6 +39,7 @@ fn spec(
             outbound: false,
         },
         recheck: true,
+        rollout: None,
     })
 }
 

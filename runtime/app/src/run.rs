@@ -113,7 +113,9 @@ fn local_identities(
 async fn apply_plugins(host: &Arc<PluginHost>, state: &MeshState, defaults: bool) {
     let specs = crate::default_plugins::merge(defaults, state.plugins.values().cloned());
     let policies = state.policies.values().cloned().collect();
-    let report = host.apply_async(specs, policies).await;
+    let report = host
+        .apply_version_async(state.version, specs, policies)
+        .await;
     for p in &report.plugins {
         match &p.outcome {
             Outcome::Loaded { sha256 } => {
@@ -143,6 +145,12 @@ fn plugin_host_config(args: &RunArgs) -> HostConfig {
         .max((args.worker_threads.max(1) + 1) * 2 + 2);
     HostConfig {
         cache_dir: args.plugin_cache.clone(),
+        rollout: weft_state::PluginRollout {
+            window: args.plugin_rollout_window,
+            max_failure_ppm: weft_state::PluginRollout::ppm(args.plugin_rollout_max_failure_ratio),
+            min_calls: args.plugin_rollout_min_calls,
+            disabled: args.plugin_rollout_window.is_zero(),
+        },
         prewarm_instances: instances,
         max_idle_per_plugin: defaults.max_idle_per_plugin.max(instances),
         ..defaults

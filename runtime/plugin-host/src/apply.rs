@@ -9,9 +9,9 @@ use serde::Serialize;
 use weft_state::{PluginKind, PluginSpec, Policy};
 
 use crate::bindings::types as wit;
-use crate::chain::Chain;
-use crate::host::PluginHost;
+use crate::host::{Applied, AppliedVersion, PluginHost};
 use crate::plugin::PluginVersion;
+use crate::rollout::{OnProbation, Probation};
 
 /// What `apply` did with one plugin.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -82,6 +82,26 @@ impl PluginHost {
     /// compiling and configuring take milliseconds to seconds, so call it from a blocking thread (or use
     /// [`Self::apply_async`]). Calls are serialized. New connections see the new chain as soon as it returns.
     pub fn apply(&self, specs: &[Arc<PluginSpec>], policies: &[Arc<Policy>]) -> ApplyReport {
+        self.apply_inner(None, specs, policies)
+    }
+
+    /// [`Self::apply`] for state version `version`: its outcome is published to [`Self::applied`] and
+    /// [`Self::wait_applied`] under that version.
+    pub fn apply_version(
+        &self,
+        version: u64,
+        specs: &[Arc<PluginSpec>],
+        policies: &[Arc<Policy>],
+    ) -> ApplyReport {
+        self.apply_inner(Some(version), specs, policies)
+    }
+
+    fn apply_inner(
+        &self,
+        version: Option<u64>,
+        specs: &[Arc<PluginSpec>],
+        policies: &[Arc<Policy>],
+    ) -> ApplyReport {
         let mut applied = match self.applied.lock() {
             Ok(a) => a,
             Err(poisoned) => poisoned.into_inner(),
@@ -126,7 +146,13 @@ impl PluginHost {
                 .is_some_and(|c| *c.spec == **spec && same_code(c, spec));
             let wants_state =
                 |v: &PluginVersion| v.wants.contains(wit::StateKinds::AUTHORIZATION_POLICIES);
+            let refused = if unchanged_spec {
+                None
+            } else {
+                self.refusal(&applied, spec)
+            };
             let result = match &current {
+                _ if refused.is_some() => Err(refused.clone().unwrap_or_default()),
                 Some(cur) if unchanged_spec && !(policies_changed && wants_state(cur)) => {
                     Ok::<_, String>((cur.clone(), Outcome::Unchanged))
                 }
@@ -156,6 +182,15 @@ impl PluginHost {
                         }
                     }
                     applied.rejected.remove(&name);
+                    if let Outcome::Loaded { sha256 } = &outcome {
+                        self.start_probation(
+                            &mut applied,
+                            &name,
+                            &version,
+                            current.as_ref(),
+                            sha256,
+                        );
+                    }
                     next.insert(name.clone(), version);
                     report.plugins.push(PluginOutcome { name, outcome });
                 }
@@ -209,26 +244,85 @@ impl PluginHost {
             }
         }
         applied.rejected.retain(|name, _| wanted.contains_key(name));
-        let serving: Vec<Arc<PluginVersion>> = next.values().cloned().collect();
-        let broken: Vec<(Arc<PluginSpec>, String)> = applied
-            .rejected
-            .iter()
-            .filter(|(name, _)| !next.contains_key(*name))
-            .map(|(_, (spec, reason))| (spec.clone(), reason.clone()))
-            .collect();
-        self.chain.store(Arc::new(Chain::build(&serving, &broken)));
-        // Plugin metrics: exactly the serving versions' sets (a replaced or removed version's series go).
-        self.shared
-            .hub
-            .publish(next.iter().map(|(n, v)| (n.as_str(), &v.ctx.metrics)));
+        // A removed plugin's probation and refusal go with it (a removal is the control plane's decision).
+        applied
+            .rollout
+            .probations
+            .retain(|name, _| wanted.contains_key(name));
+        applied
+            .rollout
+            .refused
+            .retain(|name, _| wanted.contains_key(name));
         applied.serving = next;
         applied.specs = wanted;
+        // The chain and the plugin metrics: exactly the serving versions (a replaced or removed version's series
+        // go).
+        crate::rollback::publish(&applied, &self.chain, &self.shared);
         if recheck {
             self.changes.send_modify(|v| *v += 1);
         }
         report.recheck = recheck;
         report.plugins.sort_by(|a, b| a.name.cmp(&b.name));
+        let state_version = version.unwrap_or_else(|| self.reports.borrow().state_version);
+        self.reports.send_replace(Arc::new(AppliedVersion {
+            state_version,
+            report: report.clone(),
+        }));
         report
+    }
+
+    /// Why `spec` is refused after a rollback of the same version, if it is.
+    fn refusal(&self, applied: &Applied, spec: &PluginSpec) -> Option<String> {
+        let refusal = applied.rollout.refused.get(&spec.name)?;
+        let bytes = crate::plugin::read_source(spec).ok()?;
+        let sha = crate::engine::sha256_hex(&bytes);
+        refusal
+            .refuses(&sha, &spec.config)
+            .then(|| refusal.event.reason())
+    }
+
+    /// Puts a version that replaced a serving one on probation (unless the plugin's rollout is disabled), keeping
+    /// the replaced one warm to swap back; a version with other code lifts an earlier refusal.
+    fn start_probation(
+        &self,
+        applied: &mut Applied,
+        name: &str,
+        version: &Arc<PluginVersion>,
+        previous: Option<&Arc<PluginVersion>>,
+        sha256: &str,
+    ) {
+        if applied
+            .rollout
+            .refused
+            .get(name)
+            .is_some_and(|r| r.sha256 != sha256)
+        {
+            applied.rollout.refused.remove(name);
+        }
+        applied.rollout.probations.remove(name);
+        let policy = version.spec.rollout.unwrap_or(self.shared.config.rollout);
+        let Some(previous) = previous else {
+            return;
+        };
+        if policy.disabled || policy.window.is_zero() {
+            return;
+        }
+        let probation = Arc::new(Probation::new(
+            policy,
+            self.shared.config.clock.clone(),
+            self.wake.clone(),
+        ));
+        let _ = version.probation.set(probation.clone());
+        tracing::info!(plugin = %name, sha256, previous = %previous.sha256, window = ?policy.window,
+            max_failure_ratio = policy.max_failure_ratio(), min_calls = policy.min_calls,
+            "plugin version on probation");
+        applied.rollout.probations.insert(
+            name.to_string(),
+            OnProbation {
+                probation,
+                previous: previous.clone(),
+            },
+        );
     }
 
     /// [`Self::apply`] on tokio's blocking pool, for callers in an async context.
@@ -237,8 +331,29 @@ impl PluginHost {
         specs: Vec<Arc<PluginSpec>>,
         policies: Vec<Arc<Policy>>,
     ) -> ApplyReport {
+        self.apply_async_inner(None, specs, policies).await
+    }
+
+    /// [`Self::apply_version`] on tokio's blocking pool.
+    pub async fn apply_version_async(
+        self: &Arc<Self>,
+        version: u64,
+        specs: Vec<Arc<PluginSpec>>,
+        policies: Vec<Arc<Policy>>,
+    ) -> ApplyReport {
+        self.apply_async_inner(Some(version), specs, policies).await
+    }
+
+    async fn apply_async_inner(
+        self: &Arc<Self>,
+        version: Option<u64>,
+        specs: Vec<Arc<PluginSpec>>,
+        policies: Vec<Arc<Policy>>,
+    ) -> ApplyReport {
         let host = self.clone();
-        match tokio::task::spawn_blocking(move || host.apply(&specs, &policies)).await {
+        match tokio::task::spawn_blocking(move || host.apply_inner(version, &specs, &policies))
+            .await
+        {
             Ok(report) => report,
             Err(e) => ApplyReport {
                 plugins: vec![PluginOutcome {

@@ -1,7 +1,12 @@
 //! The host's knobs: sandbox limits, deadlines, pools, caches and queues.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+use weft_state::PluginRollout;
+
+use crate::rollout::{Clock, SystemClock};
 
 /// How the plugin host runs plugins. `Default` gives production values.
 #[derive(Debug, Clone)]
@@ -56,6 +61,10 @@ pub struct HostConfig {
     pub telemetry_queue: usize,
     /// Most events handed to a telemetry plugin in one call.
     pub telemetry_batch: usize,
+    /// Probation of a new version of a plugin whose spec sets none (`weft run --plugin-rollout-*`).
+    pub rollout: PluginRollout,
+    /// The clock probation windows are measured on (tests inject a [`crate::ManualClock`]).
+    pub clock: Arc<dyn Clock>,
 }
 
 impl Default for HostConfig {
@@ -80,6 +89,8 @@ impl Default for HostConfig {
             max_log_len: 1024,
             telemetry_queue: 16 * 1024,
             telemetry_batch: 256,
+            rollout: crate::rollout::default_rollout(),
+            clock: Arc::new(SystemClock::default()),
         }
     }
 }

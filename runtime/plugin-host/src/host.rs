@@ -1,7 +1,7 @@
 //! `PluginHost`: the engine and the chain behind `weft_hooks::ConnectionHooks`.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
@@ -16,6 +16,7 @@ use crate::host_metrics::HostMetrics;
 use crate::instance::Limits;
 use crate::plugin::{PluginVersion, PolicyState};
 use crate::plugin_metrics::{LabelLimits, MetricsHub};
+use crate::rollout::{RollbackEvent, RolloutState, Wake};
 use crate::shared::Shared;
 use crate::telemetry::{Msg, TelemetryQueue};
 
@@ -41,16 +42,46 @@ pub(crate) struct Applied {
     pub policies: Vec<Arc<weft_state::Policy>>,
     pub policy_state: PolicyState,
     pub generation: u64,
+    /// Versions on probation and versions refused after a rollback.
+    pub rollout: RolloutState,
+}
+
+/// The outcome of the `apply` for one state version (what an xDS source waits for before it ACKs).
+#[derive(Debug, Clone, Default)]
+pub struct AppliedVersion {
+    /// The state version applied (0 for an `apply` without one).
+    pub state_version: u64,
+    /// What happened to each plugin.
+    pub report: crate::ApplyReport,
+}
+
+/// What the rollout thread shares with the host: enough to swap a version back.
+#[derive(Clone)]
+pub(crate) struct Swapper {
+    pub shared: Arc<Shared>,
+    pub chain: Arc<ArcSwap<Chain>>,
+    pub applied: Arc<Mutex<Applied>>,
+    pub changes: Arc<tokio::sync::watch::Sender<u64>>,
+    pub rollbacks: tokio::sync::broadcast::Sender<RollbackEvent>,
 }
 
 /// The Wasm plugin host. Cheap to share (`Arc<PluginHost>`); implements [`ConnectionHooks`] for the data path.
 pub struct PluginHost {
     pub(crate) shared: Arc<Shared>,
     pub(crate) chain: Arc<ArcSwap<Chain>>,
-    pub(crate) applied: Mutex<Applied>,
-    pub(crate) changes: tokio::sync::watch::Sender<u64>,
+    pub(crate) applied: Arc<Mutex<Applied>>,
+    pub(crate) changes: Arc<tokio::sync::watch::Sender<u64>>,
+    pub(crate) rollbacks: tokio::sync::broadcast::Sender<RollbackEvent>,
+    pub(crate) reports: tokio::sync::watch::Sender<Arc<AppliedVersion>>,
+    pub(crate) wake: mpsc::Sender<Wake>,
     telemetry: TelemetryQueue,
     _ticker: Ticker,
+}
+
+impl Drop for PluginHost {
+    fn drop(&mut self) {
+        let _ = self.wake.send(Wake::Stop);
+    }
 }
 
 impl std::fmt::Debug for PluginHost {
@@ -91,14 +122,62 @@ impl PluginHost {
             epoch_start: Instant::now(),
             config,
         });
+        let (wake, woken) = mpsc::channel();
+        let swapper = Swapper {
+            shared: shared.clone(),
+            chain: chain.clone(),
+            applied: Arc::new(Mutex::new(Applied::default())),
+            changes: Arc::new(tokio::sync::watch::channel(0).0),
+            rollbacks: tokio::sync::broadcast::channel(64).0,
+        };
+        swapper.clone().start(woken)?;
         Ok(Self {
             shared,
             chain,
-            applied: Mutex::new(Applied::default()),
-            changes: tokio::sync::watch::channel(0).0,
+            applied: swapper.applied,
+            changes: swapper.changes,
+            rollbacks: swapper.rollbacks,
+            reports: tokio::sync::watch::channel(Arc::new(AppliedVersion::default())).0,
+            wake,
             telemetry,
             _ticker: ticker,
         })
+    }
+
+    /// Automatic rollbacks as they happen (the xDS source reports each to the control plane as a NACK).
+    pub fn rollbacks(&self) -> tokio::sync::broadcast::Receiver<RollbackEvent> {
+        self.rollbacks.subscribe()
+    }
+
+    /// The outcome of the latest `apply`, with the state version it applied.
+    pub fn applied(&self) -> tokio::sync::watch::Receiver<Arc<AppliedVersion>> {
+        self.reports.subscribe()
+    }
+
+    /// Waits until a state version at or after `version` has been applied and returns that outcome (versions
+    /// applied together are reported once, under the latest).
+    pub async fn wait_applied(&self, version: u64) -> Arc<AppliedVersion> {
+        let mut rx = self.reports.subscribe();
+        let waited = rx
+            .wait_for(|a| a.state_version >= version)
+            .await
+            .map(|a| a.clone());
+        // The sender lives as long as the host, which `&self` proves; fall back to the latest all the same.
+        waited.unwrap_or_else(|_| self.reports.borrow().clone())
+    }
+
+    /// Judges every probation now (rolls back what crossed its threshold, ends what outlived its window). The
+    /// rollout thread does this when a call wakes it and once a second; tests with a [`crate::ManualClock`] call it
+    /// after moving the clock.
+    pub fn check_rollouts(&self) -> Vec<RollbackEvent> {
+        Swapper {
+            shared: self.shared.clone(),
+            chain: self.chain.clone(),
+            applied: self.applied.clone(),
+            changes: self.changes.clone(),
+            rollbacks: self.rollbacks.clone(),
+        }
+        .check()
     }
 
     /// The host's configuration.
@@ -162,5 +241,44 @@ impl ConnectionHooks for PluginHost {
 
     fn policy_changes(&self) -> tokio::sync::watch::Receiver<u64> {
         self.changes.subscribe()
+    }
+}
+
+impl PluginHost {
+    /// The kind of plugin a component is, from the world it exports (`weft:plugin/policy` or
+    /// `weft:plugin/telemetry`): for resources that do not say (Envoy's Wasm config has no such field). Compiles
+    /// through the compile cache, so the load that follows reuses the result. Blocking.
+    pub fn component_kind(&self, bytes: &[u8]) -> Result<weft_state::PluginKind, crate::LoadError> {
+        let sha = crate::engine::sha256_hex(bytes);
+        let component = self.shared.cache.get(&sha, bytes)?;
+        let ty = component.component_type();
+        let exports: Vec<String> = ty
+            .exports(&self.shared.engine)
+            .map(|(name, _)| name.to_string())
+            .collect();
+        let exports_iface = |iface: &str| {
+            exports.iter().any(|e| {
+                e.split('@')
+                    .next()
+                    .is_some_and(|n| n == format!("weft:plugin/{iface}"))
+            })
+        };
+        match (exports_iface("policy"), exports_iface("telemetry")) {
+            (true, false) => Ok(weft_state::PluginKind::Policy),
+            (false, true) => Ok(weft_state::PluginKind::Telemetry),
+            (true, true) => Err(crate::LoadError::WrongWorld {
+                world: "transport-policy or telemetry-sink",
+                reason: "the component exports both weft:plugin/policy and weft:plugin/telemetry; say which in \
+                         the resource's kind"
+                    .into(),
+            }),
+            (false, false) => Err(crate::LoadError::WrongWorld {
+                world: "transport-policy or telemetry-sink",
+                reason: format!(
+                    "the component exports neither weft:plugin/policy nor weft:plugin/telemetry (exports: {})",
+                    if exports.is_empty() { "none".to_string() } else { exports.join(", ") }
+                ),
+            }),
+        }
     }
 }

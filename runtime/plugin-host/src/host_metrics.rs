@@ -29,6 +29,7 @@ pub(crate) struct HostMetrics {
     latency: HistogramFamily,
     instances: Family<Labels, Gauge>,
     loads: Family<Labels, Counter>,
+    rollbacks: Family<Labels, Counter>,
     log_dropped: Family<Labels, Counter>,
     metric_dropped: Family<Labels, Counter>,
     pub(crate) telemetry_dropped: Counter,
@@ -43,6 +44,7 @@ impl Default for HostMetrics {
             latency: Family::new_with_constructor(latency_histogram),
             instances: Family::default(),
             loads: Family::default(),
+            rollbacks: Family::default(),
             log_dropped: Family::default(),
             metric_dropped: Family::default(),
             telemetry_dropped: Counter::default(),
@@ -112,6 +114,13 @@ impl HostMetrics {
             .inc();
     }
 
+    /// Counts an automatic rollback.
+    pub fn rollback(&self, plugin: &str) {
+        self.rollbacks
+            .get_or_create(&vec![("plugin".to_string(), plugin.to_string())])
+            .inc();
+    }
+
     /// Registers the host families and the plugin-defined metrics (through a collector) into `registry`.
     pub fn register(&self, registry: &mut Registry, hub: &Arc<MetricsHub>) {
         registry.register(
@@ -143,6 +152,11 @@ impl HostMetrics {
             "weft_plugin_loads",
             "Plugin version loads, by result.",
             self.loads.clone(),
+        );
+        registry.register(
+            "weft_plugin_rollbacks",
+            "New plugin versions rolled back automatically on probation (too many traps or timeouts).",
+            self.rollbacks.clone(),
         );
         registry.register(
             "weft_plugin_log_dropped",

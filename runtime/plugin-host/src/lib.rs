@@ -15,6 +15,11 @@
 //! finds none idle fails at once (`no_instance`). A call that traps or times out throws its instance away and
 //! applies the plugin's failure policy (policy: fail closed unless configured fail-open; telemetry: the batch is
 //! dropped), counted in `weft_plugin_errors_total{plugin,kind}`.
+//!
+//! Safe rollout: a version swapped in over a serving one is on probation (the plugin's `rollout`, else the
+//! host's); if its calls fail too often within the window it is swapped back for the previous version, counted in
+//! `weft_plugin_rollbacks_total{plugin}`, reported on [`PluginHost::rollbacks`], and refused until different code
+//! arrives. [`PluginHost::wait_applied`] tells a config source what became of the state version it produced.
 
 mod apply;
 pub mod bindings;
@@ -30,6 +35,8 @@ mod instance;
 mod plugin;
 mod plugin_metrics;
 mod pool;
+mod rollback;
+mod rollout;
 mod shared;
 mod status;
 mod store;
@@ -41,6 +48,7 @@ pub use apply::{ApplyReport, Outcome, PluginOutcome};
 pub use config::HostConfig;
 pub use engine::sha256_hex;
 pub use error::{CallError, ErrorKind, LoadError};
-pub use host::{HostError, PluginHost};
+pub use host::{AppliedVersion, HostError, PluginHost};
 pub use plugin_metrics::MetricsHub;
+pub use rollout::{Clock, ManualClock, RollbackEvent, SystemClock, default_rollout};
 pub use status::PluginStatus;

@@ -1,7 +1,7 @@
 //! A plugin version: its spec, its linked component, the config and control-plane state it was configured with,
 //! and its pool of configured instances. Immutable once serving: a new config, code or state makes a new version.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Instant, SystemTime};
 
 use weft_hooks::{ConnectionRecord, Verdict};
@@ -11,6 +11,7 @@ use crate::bindings::types as wit;
 use crate::error::{CallError, ErrorKind, LoadError};
 use crate::instance::{Instance, Limits, Pre};
 use crate::pool::{Factory, Pool, PoolStatus};
+use crate::rollout::{CallOutcome, Probation};
 use crate::shared::Shared;
 use crate::store::{LogLimiter, PluginCtx};
 
@@ -33,6 +34,8 @@ pub(crate) struct PluginVersion {
     pool: Arc<Pool>,
     /// Rate limit for the host's own warnings about this plugin (failures, denials).
     pub warn_limiter: LogLimiter,
+    /// Set when this version replaced a serving one and is on probation (counted on every call until it ends).
+    pub probation: OnceLock<Arc<Probation>>,
 }
 
 impl Drop for PluginVersion {
@@ -111,7 +114,7 @@ impl PluginVersion {
     /// The same code and config with new control-plane state (a new version; the old one keeps serving until
     /// this one is swapped in).
     pub fn with_state(&self, policies: &PolicyState) -> Result<Self, LoadError> {
-        Self::prewarm(
+        let v = Self::prewarm(
             &self.shared,
             self.spec.clone(),
             self.sha256.clone(),
@@ -119,7 +122,12 @@ impl PluginVersion {
             self.pre.clone(),
             Some(policies.clone()),
             self.pool.target(),
-        )
+        )?;
+        // Same code and config: its probation carries on.
+        if let Some(p) = self.probation.get() {
+            let _ = v.probation.set(p.clone());
+        }
+        Ok(v)
     }
 
     /// Creates, configures and parks the pre-warmed instances (the first one tells what state the plugin wants),
@@ -173,6 +181,7 @@ impl PluginVersion {
             shared: shared.clone(),
             pool,
             warn_limiter: LogLimiter::new(5),
+            probation: OnceLock::new(),
         })
     }
 
@@ -244,6 +253,7 @@ impl PluginVersion {
         let c = &self.ctx.counters;
         c.calls.inc();
         c.latency.observe(started.elapsed().as_secs_f64());
+        self.record(&result);
         match result {
             Ok(wit::Decision::Allow) => Verdict::Allow,
             Ok(wit::Decision::Deny(reason)) => {
@@ -277,6 +287,16 @@ impl PluginVersion {
         }
     }
 
+    /// Counts a call for this version's probation, if it is on one.
+    fn record<T>(&self, result: &Result<T, CallError>) {
+        if let Some(p) = self.probation.get() {
+            p.record(match result {
+                Ok(_) => CallOutcome::Ok,
+                Err(e) => CallOutcome::Failed(e.kind),
+            });
+        }
+    }
+
     pub fn warn_limiter_allows(&self) -> bool {
         self.warn_limiter.allow_pub()
     }
@@ -288,6 +308,7 @@ impl PluginVersion {
         c.calls.inc();
         let result = self.with_instance(|inst| inst.on_events(events));
         c.latency.observe(started.elapsed().as_secs_f64());
+        self.record(&result);
         if let Err(e) = result {
             c.error(e.kind).inc();
             if self.warn_limiter_allows() {

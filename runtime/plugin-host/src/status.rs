@@ -52,6 +52,10 @@ pub struct PluginStatus {
     pub refill_failures: u32,
     /// Why the background refill of the serving version's pool is failing (while it is).
     pub refill_error: Option<String>,
+    /// Whether the serving version is on probation (it replaced another one less than its window ago).
+    pub on_probation: bool,
+    /// The last automatic rollback of this plugin, if any is still in force (its version refused).
+    pub rolled_back: Option<crate::RollbackEvent>,
 }
 
 impl PluginHost {
@@ -116,6 +120,8 @@ impl PluginHost {
                     }),
                     refill_failures: pool.refill_failures,
                     refill_error: pool.refill_error,
+                    on_probation: applied.rollout.probations.contains_key(name),
+                    rolled_back: applied.rollout.refused.get(name).map(|r| r.event.clone()),
                 }
             })
             .collect()

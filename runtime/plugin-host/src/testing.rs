@@ -164,6 +164,7 @@ pub fn spec(name: &str, kind: PluginKind, wasm: &Path, config: &str) -> PluginSp
         selector: WorkloadSelector::default(),
         directions: PluginDirections::default(),
         recheck: true,
+        rollout: None,
     }
 }
 

@@ -406,6 +406,39 @@ pub struct PluginSpec {
     pub directions: PluginDirections,
     /// Re-check live connections when this plugin or its state changes (default true).
     pub recheck: bool,
+    /// Probation of a new version of it (automatic rollback); `None`: the node's defaults.
+    pub rollout: Option<PluginRollout>,
+}
+
+/// Probation of a newly swapped plugin version: if, within `window` after the swap and over at least `min_calls`
+/// calls, the share of failed calls (traps, deadline overruns) exceeds `max_failure_ratio`, the node swaps the
+/// previous version back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PluginRollout {
+    /// How long after the swap the new version is on probation.
+    pub window: std::time::Duration,
+    /// Largest tolerated share of failed calls, in parts per million (integral so specs compare exactly).
+    pub max_failure_ppm: u32,
+    /// Calls needed before the ratio is judged.
+    pub min_calls: u32,
+    /// No probation for this plugin.
+    pub disabled: bool,
+}
+
+impl PluginRollout {
+    /// The tolerated failure ratio (0.0..=1.0).
+    pub fn max_failure_ratio(&self) -> f64 {
+        f64::from(self.max_failure_ppm) / 1e6
+    }
+
+    /// Parts per million of a ratio, clamped to 0..=1.
+    pub fn ppm(ratio: f64) -> u32 {
+        if ratio.is_nan() {
+            return 0;
+        }
+        (ratio.clamp(0.0, 1.0) * 1e6).round() as u32
+    }
 }
 
 fn inline_len<S: serde::Serializer>(bytes: &Arc<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {

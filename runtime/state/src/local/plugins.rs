@@ -121,6 +121,7 @@ impl PluginWire {
             selector: self.selector,
             directions: self.directions,
             recheck: self.recheck,
+            rollout: None,
         }
     }
 }
