@@ -142,6 +142,9 @@ pub struct RunArgs {
     /// The mesh over xDS, and the node id sent.
     #[command(flatten)]
     pub xds: crate::xds::XdsArgs,
+    /// Plugins over xDS (`weft control`).
+    #[command(flatten)]
+    pub plugin_xds: crate::plugin_xds::PluginXdsArgs,
     /// This node's name (workloads with this `node` are local).
     #[arg(long, env = "NODE_NAME")]
     pub node: String,

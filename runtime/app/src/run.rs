@@ -177,7 +177,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     // The state version the plugin host runs (policies from xDS are ACKed once it does).
     let (plugins_applied, plugins_applied_rx) = tokio::sync::watch::channel(0u64);
-    let xds = {
+    let mut xds = {
         let _in_control = control.enter();
         crate::xds::start(
             &args.xds,
@@ -210,6 +210,22 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let host =
         Arc::new(PluginHost::new(plugin_host_config(&args)).context("starting the plugin host")?);
     let hooks: Arc<dyn ConnectionHooks> = host.clone();
+    {
+        let _in_control = control.enter();
+        let plugins = crate::plugin_xds::start(
+            &args.plugin_xds,
+            crate::plugin_xds::FetchPaths {
+                cache_dir: args.plugin_fetch_cache.clone(),
+                pull_secret: args.plugin_pull_secret.clone(),
+            },
+            crate::xds::node_info(&args.xds, &args.node, &args.cluster_id),
+            crate::xds::cluster_id(&args.cluster_id),
+            &state,
+            &host,
+        )
+        .context("starting the plugin xDS client")?;
+        xds.extend(plugins);
+    }
 
     let metrics = Arc::new(ProxyMetrics::default());
     let dns_metrics = Arc::new(weft_dns::DnsMetrics::default());

@@ -55,7 +55,7 @@ pub struct XdsArgs {
 }
 
 /// The cluster id as ztunnel takes it: `ISTIO_META_CLUSTER_ID`, else `--cluster-id` (`CLUSTER_ID`).
-fn cluster_id(flag: &str) -> String {
+pub fn cluster_id(flag: &str) -> String {
     std::env::var("ISTIO_META_CLUSTER_ID")
         .ok()
         .filter(|s| !s.is_empty())

@@ -1,0 +1,151 @@
+//! The node's plugin source: a second Delta ADS stream (usually `weft control`; istiod serves no plugins) for
+//! extension configs (ECDS `TypedExtensionConfig`, one per plugin), handled by `weft-plugin-xds`: code fetched
+//! and verified off the data path, specs put into the state as a source of their own, ACKed only once the plugin
+//! host serves them, and every automatic rollback reported back as an unsolicited NACK.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Args;
+use futures_util::future::BoxFuture;
+use weft_plugin_host::PluginHost;
+use weft_plugin_xds::{EcdsHandler, PluginSink};
+use weft_proto::type_url::EXTENSION_CONFIG;
+use weft_state::{Change, Collection, PluginSpec, Resource, StateStore};
+use weft_xds::{AdsClient, Delta, Handler, Rejection, SourceConfig, XdsHandle};
+
+/// The plugin source's id in the state store.
+pub const PLUGIN_SOURCE: &str = "xds:plugins";
+
+/// `weft run` flags of the plugin source (TEAM.md's contract; the chart sets them).
+#[derive(Debug, Clone, Args)]
+pub struct PluginXdsArgs {
+    /// The control plane serving plugins as extension configs over Delta ADS (`weft control`); a bare host:port
+    /// means https. Unset: plugins come from --config only.
+    #[arg(long, env = "WEFT_PLUGIN_XDS_ADDRESS")]
+    pub plugin_xds_address: Option<String>,
+    /// PEM roots trusted for the plugin control plane's certificate; re-read on every connect.
+    #[arg(long, env = "WEFT_PLUGIN_XDS_ROOT_CA")]
+    pub plugin_xds_root_cert: Option<PathBuf>,
+    /// The node's token for the plugin control plane (`authorization: Bearer`); re-read on every connect.
+    #[arg(long, env = "WEFT_PLUGIN_XDS_TOKEN_FILE")]
+    pub plugin_xds_token_file: Option<PathBuf>,
+    /// TLS name to verify on the plugin control plane's certificate when it differs from the address's host.
+    #[arg(long)]
+    pub plugin_xds_server_name: Option<String>,
+    /// PEM roots trusted for plugin code fetched over https:// and from OCI registries (default: the system's).
+    #[arg(long, env = "WEFT_PLUGIN_FETCH_ROOTS")]
+    pub plugin_fetch_roots: Option<PathBuf>,
+}
+
+/// What the fetcher needs from the other `weft run` flags.
+#[derive(Debug, Clone)]
+pub struct FetchPaths {
+    /// `--plugin-fetch-cache`.
+    pub cache_dir: Option<PathBuf>,
+    /// `--plugin-pull-secret`.
+    pub pull_secret: Option<PathBuf>,
+}
+
+/// Start the plugin source, if configured (must be called within the control runtime).
+pub fn start(
+    args: &PluginXdsArgs,
+    fetch: FetchPaths,
+    node: weft_xds::NodeInfo,
+    cluster_id: String,
+    state: &Arc<StateStore>,
+    host: &Arc<PluginHost>,
+) -> anyhow::Result<Option<XdsHandle>> {
+    let Some(address) = &args.plugin_xds_address else {
+        return Ok(None);
+    };
+    state.register_source(PLUGIN_SOURCE, weft_state::XDS_PRECEDENCE);
+    let fetcher = weft_fetch::Fetcher::new(weft_fetch::FetchConfig {
+        cache_dir: fetch.cache_dir,
+        pull_secret: fetch.pull_secret,
+        roots: match &args.plugin_fetch_roots {
+            Some(p) => weft_fetch::Roots::File(p.clone()),
+            None => weft_fetch::Roots::System,
+        },
+        ..Default::default()
+    })?;
+    let handler = Arc::new(EcdsHandler::new(
+        fetcher,
+        host.clone(),
+        Arc::new(StateSink {
+            store: state.clone(),
+        }),
+    ));
+    let mut cfg = SourceConfig::new("plugins", address.clone());
+    cfg.root_cert = args.plugin_xds_root_cert.clone();
+    cfg.token_file = args.plugin_xds_token_file.clone();
+    cfg.server_name = args.plugin_xds_server_name.clone();
+    cfg.cluster_id = cluster_id;
+    cfg.node = node;
+    tracing::info!(address, node_id = %cfg.node.id(), "plugin source: Delta ADS (extension configs)");
+    let handle = AdsClient::new(cfg)
+        .subscribe(EXTENSION_CONFIG, Arc::new(Ecds(handler.clone())))
+        .start()?;
+    let nacker = handle.clone();
+    weft_plugin_xds::spawn_rollback_reporter(
+        host,
+        handler,
+        Arc::new(move |name: &str, reason: &str, details| {
+            if let Err(e) = nacker.nack(EXTENSION_CONFIG, &Rejection::new(name, reason), details) {
+                tracing::warn!(plugin = name, error = %e, "cannot report the rollback to the control plane");
+            }
+        }),
+    );
+    Ok(Some(handle))
+}
+
+/// The state as the plugin handler's sink: this source's plugin specs, changed resource by resource.
+struct StateSink {
+    store: Arc<StateStore>,
+}
+
+impl PluginSink for StateSink {
+    fn put(
+        &self,
+        upserts: Vec<PluginSpec>,
+        removals: Vec<String>,
+    ) -> BoxFuture<'_, Result<u64, String>> {
+        let mut changes: Vec<Change> = removals
+            .into_iter()
+            .map(|name| Change::Remove {
+                collection: Collection::Plugin,
+                name,
+            })
+            .collect();
+        changes.extend(upserts.into_iter().map(|spec| Change::Upsert {
+            name: spec.name.clone(),
+            resource: Resource::Plugin(Arc::new(spec)),
+        }));
+        let applied = self.store.apply_changes(PLUGIN_SOURCE, changes);
+        Box::pin(async move { Ok(applied.version) })
+    }
+}
+
+/// weft-xds's handler trait over the ECDS handler.
+struct Ecds(Arc<EcdsHandler>);
+
+impl Handler for Ecds {
+    fn apply(&self, delta: Delta) -> BoxFuture<'_, Vec<Rejection>> {
+        Box::pin(async move {
+            let upserts = delta
+                .upserts
+                .into_iter()
+                .map(|u| weft_plugin_xds::Resource {
+                    name: u.name,
+                    any: u.resource,
+                })
+                .collect();
+            self.0
+                .apply(upserts, delta.removals)
+                .await
+                .into_iter()
+                .map(|r| Rejection::new(r.name, r.reason))
+                .collect()
+        })
+    }
+}
