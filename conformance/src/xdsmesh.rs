@@ -3,140 +3,20 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+pub use weft_devmesh::control::{Control, free_port, node_token, plugin_xds_flags, xds_flags};
 use weft_devmesh::{NodeOptions, NodeProcess, workload};
 
 use crate::{Addrs, eventually};
 
-/// The bearer token of node `name` (in weft control's token file).
-pub fn node_token(name: &str) -> String {
-    format!("token-of-{name}")
-}
-
-/// A port free right now on 127.0.0.1.
-pub fn free_port() -> Result<SocketAddr, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| e.to_string())
-}
-
-/// A `weft control` process.
-#[derive(Debug)]
-pub struct Control {
-    child: Option<Child>,
-    /// Its Delta ADS address.
-    pub addr: SocketAddr,
-    /// Its log (JSON lines).
-    pub log_path: PathBuf,
-    args: Vec<String>,
-    weft: PathBuf,
-}
-
-impl Control {
-    /// Start `weft control` on `addr` serving `mesh`, its certificate from `ca_dir`, callers from `tokens`.
-    pub fn spawn(
-        weft: &Path,
-        addr: SocketAddr,
-        ca_dir: &Path,
-        tokens: &Path,
-        mesh: &Path,
-        log_path: &Path,
-    ) -> Result<Self, String> {
-        let args: Vec<String> = [
-            "control",
-            "--listen",
-            &addr.to_string(),
-            "--ca-dir",
-            &ca_dir.display().to_string(),
-            "--tokens",
-            &tokens.display().to_string(),
-            "--mesh",
-            &mesh.display().to_string(),
-            "--status",
-            "off",
-            "--metrics",
-            "off",
-            "--poll",
-            "20ms",
-            "--log-json",
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
-        let mut c = Self {
-            child: None,
-            addr,
-            log_path: log_path.to_path_buf(),
-            args,
-            weft: weft.to_path_buf(),
-        };
-        c.start()?;
-        Ok(c)
-    }
-
-    fn start(&mut self) -> Result<(), String> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log_path)
-            .map_err(|e| e.to_string())?;
-        let child = Command::new(&self.weft)
-            .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("starting weft control: {e}"))?;
-        self.child = Some(child);
-        Ok(())
-    }
-
-    /// Kill it (SIGKILL: no goodbye to the streams, as when its pod dies) and wait for it to be gone.
-    pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// Start it again with the same flags, on the same port.
-    pub fn restart(&mut self) -> Result<(), String> {
-        self.kill();
-        self.start()
-    }
-
-    /// Its JSON log lines so far.
-    pub fn log_lines(&self) -> Vec<serde_json::Value> {
-        std::fs::read_to_string(&self.log_path)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
-    }
-}
-
-impl Drop for Control {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// `weft run` flags of a node fed by the xDS server at `addr` (trusting `root`, sending `token`).
-pub fn xds_flags(addr: SocketAddr, root: &Path, token: &Path, node: &str) -> Vec<String> {
-    vec![
-        "--xds-address".into(),
-        format!("https://localhost:{}", addr.port()),
-        "--xds-root-cert".into(),
-        root.display().to_string(),
-        "--xds-token-file".into(),
-        token.display().to_string(),
-        "--pod-name".into(),
-        format!("weft-{node}"),
-        "--pod-namespace".into(),
-        "weft-system".into(),
-    ]
+/// What else the mesh runs with.
+#[derive(Debug, Default, Clone)]
+pub struct MeshOptions {
+    /// weft control serves the WeftPlugin files of this directory, and the nodes take their plugins from it.
+    pub plugins_dir: Option<PathBuf>,
+    /// More `weft run` flags for both nodes.
+    pub node_extra: Vec<String>,
 }
 
 /// The two-node mesh fed by `weft control`.
@@ -161,23 +41,24 @@ impl XdsMesh {
     /// Start weft control with `yaml` and two nodes fed by it; echo servers listen on `echo_ips` port 8080. Ready
     /// when both nodes are (their readiness waits for the first complete sync).
     pub async fn start(addrs: Addrs, yaml: &str, echo_ips: &[IpAddr]) -> Result<Self, String> {
+        Self::start_with(addrs, yaml, echo_ips, MeshOptions::default()).await
+    }
+
+    /// [`XdsMesh::start`] with `opts`.
+    pub async fn start_with(
+        addrs: Addrs,
+        yaml: &str,
+        echo_ips: &[IpAddr],
+        opts: MeshOptions,
+    ) -> Result<Self, String> {
         let weft = weft_devmesh::weft_binary()?;
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let ca = dir.path().join("ca");
         weft_devmesh::write_dev_ca(&ca, "cluster.local").map_err(|e| e.to_string())?;
         let mesh_file = dir.path().join("mesh.yaml");
         std::fs::write(&mesh_file, yaml).map_err(|e| e.to_string())?;
-        let mut tokens = String::from("tokens:\n");
-        for n in ["node-a", "node-b"] {
-            tokens.push_str(&format!(
-                "- {{token: {}, node: {n}, identity: spiffe://cluster.local/ns/weft-system/sa/weft}}\n",
-                node_token(n)
-            ));
-            std::fs::write(dir.path().join(format!("{n}.token")), node_token(n))
-                .map_err(|e| e.to_string())?;
-        }
-        let tokens_file = dir.path().join("tokens.yaml");
-        std::fs::write(&tokens_file, tokens).map_err(|e| e.to_string())?;
+        let tokens_file = weft_devmesh::control::write_tokens(dir.path(), &["node-a", "node-b"])
+            .map_err(|e| e.to_string())?;
         let mut echo = Vec::new();
         for ip in echo_ips {
             let (_, t) = workload::echo_server(SocketAddr::new(*ip, 8080))
@@ -191,6 +72,8 @@ impl XdsMesh {
             &ca,
             &tokens_file,
             &mesh_file,
+            opts.plugins_dir.as_deref(),
+            None,
             &dir.path().join("control.log"),
         )?;
         let root = ca.join("root-cert.pem");
@@ -202,6 +85,14 @@ impl XdsMesh {
                 &dir.path().join(format!("{name}.token")),
                 name,
             ));
+            if opts.plugins_dir.is_some() {
+                o.extra.extend(plugin_xds_flags(
+                    control.addr,
+                    &root,
+                    &dir.path().join(format!("{name}.token")),
+                ));
+            }
+            o.extra.extend(opts.node_extra.iter().cloned());
             o
         };
         let mut a = NodeProcess::spawn(&weft, &options("node-a", addrs.node_a()))

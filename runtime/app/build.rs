@@ -1,11 +1,12 @@
 //! Builds the default plugins (`plugins/istio-authz`, `plugins/istio-telemetry`) for wasm32-wasip2 and embeds them
 //! in the weft binary, so a node enforces Istio's L4 policy and exports Istio's metrics with no plugin files on
-//! disk. They build in `<repo>/target-wasm` (shared with the tests' plugin builds, under the same lock).
+//! disk. `plugins/port-allowlist` is embedded too, for `weft demo` only (the plugin it pushes over xDS; a node
+//! never loads it unless a control plane sends it). They build in `<repo>/target-wasm` (shared with the tests' plugin builds, under the same lock).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const DEFAULT_PLUGINS: [&str; 2] = ["istio-authz", "istio-telemetry"];
+const DEFAULT_PLUGINS: [&str; 3] = ["istio-authz", "istio-telemetry", "port-allowlist"];
 
 fn main() {
     let manifest = PathBuf::from(

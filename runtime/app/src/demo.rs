@@ -1,13 +1,16 @@
-//! `weft demo`: weft's main job on one machine, no Kubernetes. Two weft nodes run as real processes on 127.0.0.x,
-//! an echo workload sits behind node B, a client workload on node A sends traffic through node A's SOCKS5
-//! listener; node A tunnels it over mutual-TLS HBONE to node B, which checks the client's SPIFFE identity and
-//! hands the bytes to the workload. The output shows the bytes and the identities each side verified.
+//! `weft demo`: weft's main job on one machine, no Kubernetes. `weft control` serves the mesh (a file in ztunnel's
+//! local-config format) and the plugins (a directory of WeftPlugin files) over Delta ADS with TLS; two weft nodes
+//! run as real processes on 127.0.0.x and learn everything from it. An echo workload sits behind node B, a client
+//! workload on node A sends traffic through node A's SOCKS5 listener; node A tunnels it over mutual-TLS HBONE to
+//! node B, which checks the client's SPIFFE identity and hands the bytes to the workload. Then a policy plugin is
+//! pushed to both nodes over xDS and decides the next connection; the output shows the push-to-effect times.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use weft_devmesh::control::{Control, free_port, plugin_xds_flags, write_tokens, xds_flags};
 use weft_devmesh::{NodeOptions, NodeProcess, socks5, workload};
 
 use crate::cli::DemoArgs;
@@ -16,6 +19,52 @@ const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 1, 1);
 const ECHO_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 2, 1);
 const LEGACY_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 2, 2);
 const ECHO_VIP: Ipv4Addr = Ipv4Addr::new(127, 10, 0, 1);
+
+/// The plugin the demo pushes (embedded for the demo only; see build.rs).
+static PORT_ALLOWLIST: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/port_allowlist.wasm"));
+
+/// The WeftPlugin file the demo writes: port-allowlist on inbound, allowing `ports`.
+fn allowlist_yaml(ports: &str) -> String {
+    format!(
+        "# Pushed by weft demo: weft control serves this file to every node as an xDS extension config.\n\
+         apiVersion: weft.dev/v1alpha1\nkind: WeftPlugin\nmetadata:\n  name: allowlist\nspec:\n  \
+         url: file://port_allowlist.wasm\n  pluginConfig: {{ports: [{ports}]}}\n  kind: policy\n  \
+         directions: [inbound]\n  failStrategy: FAIL_CLOSE\n"
+    )
+}
+
+/// Write `file` in `dir` atomically (as a ConfigMap update lands).
+fn put(dir: &Path, file: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = dir.join(format!(".{file}.tmp"));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, dir.join(file))
+}
+
+/// Poll `f` every 2 ms until it holds (or 30 s pass); the time it took.
+async fn time_until<F, Fut>(what: &str, mut f: F) -> anyhow::Result<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        if f().await {
+            return Ok(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    bail!("{what}: not within 30 s")
+}
+
+/// Whether `node` serves plugin `name` with `config` (its status in /config_dump).
+async fn serves(node: &NodeProcess, name: &str, sha256: &str) -> bool {
+    node.config_dump().await.is_ok_and(|d| {
+        d["plugins"].as_array().is_some_and(|ps| {
+            ps.iter()
+                .any(|p| p["name"] == name && p["sha256"] == sha256 && p["state"] == "serving")
+        })
+    })
+}
 
 fn mesh_yaml() -> String {
     format!(
@@ -88,24 +137,58 @@ async fn demo(args: DemoArgs, dir: &Path) -> anyhow::Result<()> {
     let weft = std::env::current_exe()?;
     let ca = dir.join("ca");
     weft_devmesh::write_dev_ca(&ca, "cluster.local")?;
-    let config = dir.join("mesh.yaml");
-    std::fs::write(&config, mesh_yaml())?;
+    let mesh = dir.join("mesh.yaml");
+    std::fs::write(&mesh, mesh_yaml())?;
+    let plugins = dir.join("plugins");
+    std::fs::create_dir_all(&plugins)?;
+    let tokens = write_tokens(dir, &["node-a", "node-b"])?;
     let (_, _echo) = workload::echo_server(SocketAddr::from((ECHO_IP, 8080))).await?;
     let (_, _legacy) = workload::echo_server(SocketAddr::from((LEGACY_IP, 8080))).await?;
 
     println!(
-        "weft demo: two nodes on this machine (files in {})",
+        "weft demo: a control plane and two nodes on this machine (files in {})",
         dir.display()
     );
+    let (ads, status) = (
+        free_port().map_err(anyhow::Error::msg)?,
+        free_port().map_err(anyhow::Error::msg)?,
+    );
+    let _control = Control::spawn(
+        &weft,
+        ads,
+        &ca,
+        &tokens,
+        &mesh,
+        Some(&plugins),
+        Some(status),
+        &dir.join("control.log"),
+    )
+    .map_err(anyhow::Error::msg)?;
+    println!(
+        "  weft control: serves {} and {}/ over Delta ADS at https://localhost:{} (status http://{status}/status)",
+        mesh.display(),
+        plugins.display(),
+        ads.port()
+    );
+    let root = ca.join("root-cert.pem");
     let mut nodes = Vec::new();
     for (name, ip) in [("node-a", [127, 0, 1, 254]), ("node-b", [127, 0, 2, 254])] {
-        let opts = NodeOptions::loopback(name, IpAddr::V4(Ipv4Addr::from(ip)), &config, &ca, dir);
+        let mut opts = NodeOptions::loopback(
+            name,
+            IpAddr::V4(Ipv4Addr::from(ip)),
+            Path::new(""),
+            &ca,
+            dir,
+        );
+        let token = dir.join(format!("{name}.token"));
+        opts.extra.extend(xds_flags(ads, &root, &token, name));
+        opts.extra.extend(plugin_xds_flags(ads, &root, &token));
         let mut n = NodeProcess::spawn(&weft, &opts)?;
-        n.wait_ready(Duration::from_secs(20))
+        n.wait_ready(Duration::from_secs(30))
             .await
             .map_err(anyhow::Error::msg)?;
         println!(
-            "  {name}: ready (admin http://{}/config_dump, log {})",
+            "  {name}: ready, mesh and plugins from weft control (admin http://{}/config_dump, log {})",
             n.admin,
             n.log_path.display()
         );
@@ -179,7 +262,7 @@ async fn demo(args: DemoArgs, dir: &Path) -> anyhow::Result<()> {
             );
         }
     }
-    println!("\nplugins (sandboxed Wasm; replace or add them in the mesh file):");
+    println!("\nplugins (sandboxed Wasm, the defaults built in; more come over xDS):");
     for n in &nodes {
         let dump = n.config_dump().await.map_err(anyhow::Error::msg)?;
         let plugins: Vec<String> = dump["plugins"]
@@ -205,6 +288,7 @@ async fn demo(args: DemoArgs, dir: &Path) -> anyhow::Result<()> {
     {
         println!("  node-b /stats/prometheus: {line}");
     }
+    push_plugin(&nodes, &plugins, status).await?;
     if args.keep {
         println!(
             "\nmesh running; try: curl -s http://{}/config_dump ; Ctrl-C to stop",
@@ -225,6 +309,86 @@ async fn demo(args: DemoArgs, dir: &Path) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Push port-allowlist to both nodes over xDS, see it decide the next connection, then push a new configuration;
+/// print the push-to-effect times and what weft control says each node runs.
+async fn push_plugin(
+    nodes: &[NodeProcess],
+    plugins: &Path,
+    status: SocketAddr,
+) -> anyhow::Result<()> {
+    let echo = SocketAddr::from((ECHO_IP, 8080));
+    let sha256 = weft_plugin_host::sha256_hex(PORT_ALLOWLIST);
+    println!(
+        "\npushing a policy plugin over xDS: port-allowlist (sha256 {}...), inbound, allowing port 9090 only",
+        &sha256[..12]
+    );
+    put(plugins, "port_allowlist.wasm", PORT_ALLOWLIST)?;
+    let pushed = Instant::now();
+    put(plugins, "allowlist.yaml", allowlist_yaml("9090").as_bytes())?;
+    for n in nodes {
+        time_until("plugin serving", || serves(n, "allowlist", &sha256)).await?;
+        println!(
+            "  {}: serving it {:.0?} after the file was written (fetched, compiled, configured, swapped in)",
+            n.name,
+            pushed.elapsed()
+        );
+    }
+    match send(&nodes[0], echo, "workload echo-1").await {
+        Ok(()) => bail!("the plugin was serving on node-b and still allowed port 8080"),
+        Err(e) => println!("  sleep-1 -> {echo} refused now: {e:#}"),
+    }
+    let denied = nodes[1]
+        .log_lines()
+        .into_iter()
+        .rev()
+        .find(|l| l["message"] == "connection denied by policy");
+    if let Some(l) = denied {
+        println!(
+            "  node-b: connection denied by policy ({})",
+            field(&l, "verdict")
+        );
+    }
+    println!("pushing a new configuration: allowing port 8080");
+    put(plugins, "allowlist.yaml", allowlist_yaml("8080").as_bytes())?;
+    let took = time_until("8080 allowed again", || send_quiet(&nodes[0], echo)).await?;
+    println!("  push to effect: the next connection passed {took:.0?} after the file was written");
+    send(&nodes[0], echo, "workload echo-1").await?;
+    let (code, body) = weft_devmesh::http::get(status, "/status").await?;
+    if code == 200
+        && let Ok(doc) = serde_json::from_str::<serde_json::Value>(&body)
+    {
+        println!("weft control /status, what each node runs:");
+        for n in doc["nodes"].as_array().cloned().unwrap_or_default() {
+            let runs: Vec<String> = n["plugins"]
+                .as_object()
+                .map(|m| {
+                    m.iter()
+                        .map(|(k, v)| {
+                            format!(
+                                "{k} version {} (current: {})",
+                                field(v, "version"),
+                                v["current"]
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            println!("  {}: {}", field(&n, "name"), runs.join(", "));
+        }
+    }
+    Ok(())
+}
+
+/// One echo round trip through node A, true if it came back intact.
+async fn send_quiet(node_a: &NodeProcess, dst: SocketAddr) -> bool {
+    let Ok(s) = socks5::connect(node_a.socks5, Some(IpAddr::V4(CLIENT_IP)), dst).await else {
+        return false;
+    };
+    workload::round_trip(s, b"ping")
+        .await
+        .is_ok_and(|b| b == b"ping")
 }
 
 /// Run the demo.

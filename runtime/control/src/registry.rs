@@ -310,7 +310,7 @@ impl Registry {
                 .get_or_create(&label)
                 .observe(s.at.elapsed().as_secs_f64());
         }
-        tracing::warn!(stream, %node, r#type = %label.r#type, nonce, code = status.code, message = %status.message, rollbacks = rollbacks.len(), "NACK");
+        tracing::warn!(stream, %node, r#type = %label.r#type, nonce, code = status.code, error = %status.message, rollbacks = rollbacks.len(), "NACK");
         let now = rfc3339(SystemTime::now());
         let mut g = lock(&self.nodes);
         let Some(rec) = g.get_mut(&stream) else {

@@ -1,7 +1,8 @@
 //! A mesh of real weft processes on one machine: node processes with their admin endpoints and logs, echo
-//! workloads, a SOCKS5 client, an upstream DNS server, plain HTTP/1.1 requests, and a way to run code inside a
+//! workloads, a `weft control` process, a SOCKS5 client, an upstream DNS server, plain HTTP/1.1 requests, and a way to run code inside a
 //! network namespace. Used by `weft demo` and by the conformance suite, so both exercise exactly the same thing.
 
+pub mod control;
 pub mod dns;
 pub mod http;
 pub mod netns;

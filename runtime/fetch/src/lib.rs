@@ -16,6 +16,8 @@ mod http;
 mod oci;
 mod reference;
 mod retry;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod tls;
 
 use std::path::PathBuf;
@@ -174,7 +176,7 @@ impl Fetcher {
             Some(s) if !s.trim().is_empty() => Some(normalize_sha256(s)?),
             _ => None,
         };
-        if let Some(hit) = self.from_cache(&source, expected.as_deref()) {
+        if let Some(hit) = self.lookup_cache(&source, expected.as_deref()) {
             tracing::debug!(uri = %req.uri, sha256 = %hit.sha256, "plugin code from the disk cache");
             return Ok(hit);
         }
@@ -219,7 +221,7 @@ impl Fetcher {
         Ok(fetched)
     }
 
-    fn from_cache(&self, source: &Source, expected: Option<&str>) -> Option<Fetched> {
+    fn lookup_cache(&self, source: &Source, expected: Option<&str>) -> Option<Fetched> {
         let cache = self.inner.cache.as_ref()?;
         let manifest_digest = match source {
             Source::Oci(r) => r.digest.clone(),

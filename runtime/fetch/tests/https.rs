@@ -3,20 +3,18 @@
 //! only for a pinned sha256.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{TestCa, module};
 use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use weft_fetch::testing::{TestCa, module};
 use weft_fetch::{Backoff, FetchConfig, FetchError, Fetcher, Request, Roots, sha256_hex};
 
 struct Server {

@@ -5,19 +5,14 @@
 //! the one the resource pins.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::time::Duration;
 
 use base64::Engine as _;
-use common::{Registry, TestCa, module, oci_client, tar_gz};
 use oci_client::client::{Config, ImageLayer};
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Reference, manifest};
+use weft_fetch::testing::{Registry, TestCa, module, oci_client, push_artifact, tar_gz};
 use weft_fetch::{Backoff, FetchConfig, FetchError, Fetcher, Request, Roots, sha256_hex};
-
-const WASM_LAYER: &str = "application/vnd.module.wasm.content.layer.v1+wasm";
-const WASM_CONFIG: &str = "application/vnd.module.wasm.config.v1+json";
 
 fn fetcher(ca_file: &std::path::Path, cache: Option<std::path::PathBuf>) -> Fetcher {
     Fetcher::new(FetchConfig {
@@ -34,29 +29,6 @@ fn fetcher(ca_file: &std::path::Path, cache: Option<std::path::PathBuf>) -> Fetc
 }
 
 /// Pushes `m` as a Wasm artifact (Istio's `oci` variant); returns the manifest digest.
-async fn push_artifact(
-    client: &oci_client::Client,
-    reference: &str,
-    m: &[u8],
-    auth: &RegistryAuth,
-) -> String {
-    let r: Reference = reference.parse().unwrap();
-    let layers = vec![ImageLayer::new(m.to_vec(), WASM_LAYER.to_string(), None)];
-    let config = Config::new(b"{}".to_vec(), WASM_CONFIG.to_string(), None);
-    let resp = client.push(&r, &layers, config, auth, None).await.unwrap();
-    digest_of(client, &r, auth)
-        .await
-        .unwrap_or_else(|| panic!("no digest for {}", resp.manifest_url))
-}
-
-async fn digest_of(
-    client: &oci_client::Client,
-    r: &Reference,
-    auth: &RegistryAuth,
-) -> Option<String> {
-    client.fetch_manifest_digest(r, auth).await.ok()
-}
-
 #[tokio::test]
 async fn pulls_wasm_artifacts_and_compat_images_by_tag_and_digest() {
     let ca = TestCa::new("registry CA");

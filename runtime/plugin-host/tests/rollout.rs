@@ -77,14 +77,14 @@ fn a_version_that_starts_trapping_is_rolled_back_and_refused_when_resent() {
     let (good, good_sha) = pinned("p", &allowlist(), r#"{"ports": [666, 80]}"#);
     let (bad, bad_sha) = pinned("p", &misbehave(), "trap");
     assert!(matches!(
-        s.host.apply(&[good.clone()], &[]).get("p"),
+        s.host.apply(std::slice::from_ref(&good), &[]).get("p"),
         Some(Outcome::Loaded { .. })
     ));
     // The first version replaced nothing: no probation.
     assert!(!s.host.status()[0].on_probation);
     let mut rx = s.host.rollbacks();
     assert!(matches!(
-        s.host.apply(&[bad.clone()], &[]).get("p"),
+        s.host.apply(std::slice::from_ref(&bad), &[]).get("p"),
         Some(Outcome::Loaded { .. })
     ));
     assert!(s.host.status()[0].on_probation);
@@ -189,7 +189,7 @@ fn failures_at_or_under_the_threshold_or_with_probation_disabled_roll_nothing_ba
     let s = setup(rollout(10, 0.5));
     let (v1, _) = pinned("p", &allowlist(), r#"{"ports": [80, 666]}"#);
     let (v2, v2_sha) = pinned("p", &misbehave(), "trap");
-    s.host.apply(&[v1.clone()], &[]);
+    s.host.apply(std::slice::from_ref(&v1), &[]);
     s.host.apply(&[v2], &[]);
     // Every other call traps, a good one first: at most exactly the threshold, never over it.
     for i in 0..20 {

@@ -274,12 +274,7 @@ async fn a_rollback_is_nacked_with_a_rollback_report_and_the_state_restored() {
         min_calls: 4,
         disabled: false,
     };
-    let v1 = weft_resource(
-        "p",
-        &allowlist,
-        r#"{"ports": [666]}"#,
-        Some(rollout.clone()),
-    );
+    let v1 = weft_resource("p", &allowlist, r#"{"ports": [666]}"#, Some(rollout));
     assert!(n.handler.apply(vec![v1], vec![]).await.is_empty());
     let v1_sha = n.state.current().plugins["p"].sha256.clone();
     // The new version starts trapping on port 666 (misbehave "trap"); it loads fine, so it is ACKed.

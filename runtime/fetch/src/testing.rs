@@ -1,6 +1,6 @@
-//! Test support: a throwaway CA and server certificates, and a real CNCF distribution registry (Debian's
+//! Test support (feature `testing`; tests only, never the node): a throwaway CA and server certificates, and a real CNCF distribution registry (Debian's
 //! `docker-registry`) on a free loopback port with TLS, optionally behind htpasswd basic auth.
-#![allow(dead_code, clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test support fails by panicking
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -11,6 +11,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 /// A CA that signs server certificates for loopback.
+#[derive(Debug)]
 pub struct TestCa {
     pub pem: String,
     issuer: Issuer<'static, KeyPair>,
@@ -189,4 +190,35 @@ pub fn module(tag: &str) -> Vec<u8> {
     m.extend_from_slice(tag.as_bytes());
     m.extend(std::iter::repeat_n(0xA5u8, 50_000));
     m
+}
+
+/// The media type of a Wasm artifact's one layer (the OCI Wasm artifact layout Istio pulls).
+pub const WASM_LAYER: &str = "application/vnd.module.wasm.content.layer.v1+wasm";
+/// The media type of a Wasm artifact's config.
+pub const WASM_CONFIG: &str = "application/vnd.module.wasm.config.v1+json";
+
+/// Push `m` as a Wasm artifact to `reference` (`host:port/repo:tag`); returns the manifest's digest.
+pub async fn push_artifact(
+    client: &oci_client::Client,
+    reference: &str,
+    m: &[u8],
+    auth: &oci_client::secrets::RegistryAuth,
+) -> String {
+    use oci_client::client::{Config, ImageLayer};
+    let r: oci_client::Reference = reference.parse().unwrap();
+    let layers = vec![ImageLayer::new(m.to_vec(), WASM_LAYER.to_string(), None)];
+    let config = Config::new(b"{}".to_vec(), WASM_CONFIG.to_string(), None);
+    let resp = client.push(&r, &layers, config, auth, None).await.unwrap();
+    digest_of(client, &r, auth)
+        .await
+        .unwrap_or_else(|| panic!("no digest for {}", resp.manifest_url))
+}
+
+/// The digest of the manifest `r` names, if the registry has it.
+pub async fn digest_of(
+    client: &oci_client::Client,
+    r: &oci_client::Reference,
+    auth: &oci_client::secrets::RegistryAuth,
+) -> Option<String> {
+    client.fetch_manifest_digest(r, auth).await.ok()
 }

@@ -1,0 +1,96 @@
+"""Every flag and environment variable the chart sets is one weft reads: the rendered args and env of each variant
+against `weft run --help` (and `weft control --help`), and against the env names in runtime/app/src."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conftest import REPO, run_help
+from variants import VARIANTS
+
+FLAG = re.compile(r"^\s+(?:-\w, )?--([a-z0-9][a-z0-9-]*)(\s+<|=<)?", re.M)
+ENV = re.compile(r"\[env: ([A-Z][A-Z0-9_]*)=")
+POSSIBLE = re.compile(r"\[possible values: ([^\]]+)\]")
+
+
+class Flag:
+    def __init__(self, takes_value: bool):
+        self.takes_value = takes_value
+        self.values: set[str] | None = None
+
+
+def parse_help(text: str) -> tuple[dict[str, Flag], set[str]]:
+    """Flags (whether each takes a value, and its possible values where clap lists them) and env names from
+    clap's --help."""
+    flags: dict[str, Flag] = {}
+    current = None
+    for line in text.splitlines():
+        m = FLAG.match(line)
+        if m:
+            current = flags[m.group(1)] = Flag(takes_value=m.group(2) is not None)
+        p = POSSIBLE.search(line)
+        if p and current:
+            current.values = {v.strip() for v in p.group(1).split(",")}
+    return flags, set(ENV.findall(text))
+
+
+def source_env_names() -> set[str]:
+    """`env = "NAME"` in the CLI definitions (runtime/app/src and its modules)."""
+    names = set()
+    for path in (REPO / "runtime" / "app" / "src").rglob("*.rs"):
+        names |= set(re.findall(r'\benv\s*=\s*"([A-Z][A-Z0-9_]*)"', path.read_text()))
+    return names
+
+
+@pytest.fixture(scope="module")
+def run_cli():
+    return parse_help(run_help("run"))
+
+
+def test_help_parsing_sees_every_env_name(run_cli):
+    _, help_env = run_cli
+    assert help_env, "no [env: ...] in weft run --help"
+    assert "NODE_NAME" in help_env and "CA_ADDRESS" in help_env
+    assert help_env <= source_env_names()
+
+
+def check(container, command: str, cli):
+    """Every problem at once, so one run lists all that is missing."""
+    flags, env_names = cli
+    source = source_env_names()
+    problems = []
+    if container["args"][0] != command:
+        problems.append(f"args[0] is {container['args'][0]!r}, not {command!r}")
+    for arg in container["args"][1:]:
+        name, eq, value = arg.removeprefix("--").partition("=")
+        flag = flags.get(name)
+        if not arg.startswith("--") or flag is None:
+            problems.append(f"{arg}: not a flag of `weft {command}`")
+        elif flag.takes_value != bool(eq):
+            problems.append(f"{arg}: --{name} {'takes' if flag.takes_value else 'takes no'} value")
+        elif flag.values is not None and value not in flag.values:
+            problems.append(f"{arg}: weft takes {sorted(flag.values)}")
+    for e in container.get("env", []):
+        if e["name"] not in env_names or e["name"] not in source:
+            problems.append(f"env {e['name']}: not read by `weft {command}`")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_daemonset_args_and_env_are_weft_run_flags(render, run_cli, variant):
+    values = {**VARIANTS[variant], "env": {}}  # `env` is the operator's own
+    check(render(values).container(), "run", run_cli)
+
+
+@pytest.mark.parametrize("mode", ["inpod", "node"])
+def test_both_modes(render, run_cli, mode):
+    check(render({"mode": mode}).container(), "run", run_cli)
+
+
+def test_control_args_are_weft_control_flags(render):
+    cli = parse_help(run_help("control"))
+    dep = render(VARIANTS["control-plane"]).one("Deployment")
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    check(container, "control", cli)

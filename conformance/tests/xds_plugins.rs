@@ -1,0 +1,474 @@
+//! Plugins over xDS, end to end: a real `weft control` serves `WeftPlugin` files (code inline from the directory,
+//! or pulled by the nodes from a real OCI registry) to two real `weft run` processes over TLS. A pushed plugin runs
+//! on both nodes and changes the verdict of the next connection; a broken one is NACKed with its reason while the
+//! rest of the batch applies and a live connection keeps flowing; a pinned sha256 that does not match the pulled
+//! image is refused; a new version that starts trapping is rolled back and reported, a healthy one is not.
+#![allow(clippy::unwrap_used)] // a test panics to fail
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use weft_conformance::xdsmesh::{MeshOptions, XdsMesh, until_dump};
+use weft_conformance::{Addrs, eventually, mesh_yaml};
+use weft_devmesh::{NodeProcess, socks5, workload};
+use weft_plugin_host::testing::build_plugin;
+
+fn wasm(name: &str) -> PathBuf {
+    build_plugin(format!("plugins/{name}"))
+        .unwrap_or_else(|e| panic!("building plugin {name}: {e}"))
+}
+
+fn sha256_of(path: &Path) -> String {
+    weft_fetch::sha256_hex(&std::fs::read(path).unwrap())
+}
+
+/// A WeftPlugin document.
+fn weft_plugin(name: &str, url: &str, config: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: weft.dev/v1alpha1\nkind: WeftPlugin\nmetadata:\n  name: {name}\nspec:\n  url: {url}\n  \
+         pluginConfig: {config}\n  kind: policy\n  directions: [inbound]\n{extra}"
+    )
+}
+
+/// Write `file` in the plugin directory atomically (as a ConfigMap update lands).
+fn put(dir: &Path, file: &str, text: &str) {
+    let tmp = dir.join(format!(".{file}.tmp"));
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, dir.join(file)).unwrap();
+}
+
+/// Copy a built module into the plugin directory under `file`.
+fn put_code(dir: &Path, file: &str, built: &Path) {
+    let tmp = dir.join(format!(".{file}.tmp"));
+    std::fs::copy(built, &tmp).unwrap();
+    std::fs::rename(&tmp, dir.join(file)).unwrap();
+}
+
+/// The status of plugin `name` in a node's `/config_dump`.
+fn plugin<'a>(dump: &'a Value, name: &str) -> Option<&'a Value> {
+    dump["plugins"]
+        .as_array()?
+        .iter()
+        .find(|p| p["name"] == name)
+}
+
+/// The node's plugin source (`sources.xds[name=plugins]`), its extension-config type status.
+fn ecds(dump: &Value) -> Option<&Value> {
+    dump["sources"]["xds"]
+        .as_array()?
+        .iter()
+        .find(|s| s["name"] == "plugins")?["types"]
+        .as_array()?
+        .iter()
+        .find(|t| t["typeUrl"] == "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig")
+}
+
+/// Wait until plugin `name` serves code `sha` on `node`.
+async fn until_serving(node: &NodeProcess, name: &str, sha: &str) -> Value {
+    until_dump(node, &format!("{name} serving {sha}"), |d| {
+        plugin(d, name).is_some_and(|p| p["sha256"] == sha && p["state"] == "serving")
+    })
+    .await
+}
+
+async fn echo_once(node: &NodeProcess, a: Addrs, dst: SocketAddr) -> Result<(), String> {
+    let s = socks5::connect(node.socks5, Some(IpAddr::V4(a.client())), dst)
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    let back = workload::round_trip(s, b"ping through the mesh")
+        .await
+        .map_err(|e| e.to_string())?;
+    (back == b"ping through the mesh")
+        .then_some(())
+        .ok_or_else(|| "echo corrupted".to_owned())
+}
+
+async fn ping(s: &mut tokio::net::TcpStream) -> std::io::Result<()> {
+    s.write_all(b"live").await?;
+    let mut b = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(30), s.read_exact(&mut b))
+        .await
+        .map_err(|_| std::io::Error::other("no echo within 30 s"))??;
+    assert_eq!(&b, b"live");
+    Ok(())
+}
+
+/// A mesh whose plugins come from `weft control`'s directory (returned too).
+async fn plugin_mesh(a: Addrs, extra: Vec<String>) -> (XdsMesh, PathBuf) {
+    let plugins = tempfile::tempdir().unwrap().keep();
+    let mesh = XdsMesh::start_with(
+        a,
+        &mesh_yaml(a, "echo"),
+        &[IpAddr::V4(a.echo())],
+        MeshOptions {
+            plugins_dir: Some(plugins.clone()),
+            node_extra: extra,
+        },
+    )
+    .await
+    .unwrap();
+    (mesh, plugins)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pushed_plugin_runs_on_both_nodes_and_decides_the_next_connection() {
+    let a = Addrs { n: 170 };
+    let allow = wasm("port-allowlist");
+    let (mesh, dir) = plugin_mesh(a, vec![]).await;
+    let echo = SocketAddr::new(IpAddr::V4(a.echo()), 8080);
+    // Ready means the plugin source synced too (an empty directory is an empty, complete answer).
+    for node in [&mesh.a, &mesh.b] {
+        let d = node.config_dump().await.unwrap();
+        assert_eq!(ecds(&d).unwrap()["synced"], true, "{d}");
+    }
+    echo_once(&mesh.a, a, echo).await.unwrap();
+
+    put_code(&dir, "allowlist.wasm", &allow);
+    put(
+        &dir,
+        "allowlist.yaml",
+        &weft_plugin("allowlist", "file://allowlist.wasm", "{ports: [9999]}", ""),
+    );
+    let sha = sha256_of(&allow);
+    for node in [&mesh.a, &mesh.b] {
+        until_serving(node, "allowlist", &sha).await;
+    }
+    // Node B's inbound now refuses port 8080; the ACK came only once the plugin served, so the very next
+    // connection sees it.
+    let err = echo_once(&mesh.a, a, echo).await.unwrap_err();
+    assert!(!err.is_empty());
+    let d = mesh.b.config_dump().await.unwrap();
+    assert!(
+        plugin(&d, "allowlist").unwrap()["denials"]
+            .as_u64()
+            .unwrap()
+            >= 1,
+        "{d}"
+    );
+
+    // A configuration change alone is pushed and applied the same way.
+    put(
+        &dir,
+        "allowlist.yaml",
+        &weft_plugin("allowlist", "file://allowlist.wasm", "{ports: [8080]}", ""),
+    );
+    eventually(Duration::from_secs(30), "8080 allowed again", || async {
+        echo_once(&mesh.a, a, echo).await.ok()
+    })
+    .await;
+    // weft control recorded both nodes' ACKs of the extension configs.
+    let acks: Vec<String> = mesh
+        .control
+        .log_lines()
+        .iter()
+        .filter(|l| {
+            l["message"] == "ACK"
+                && l["type"]
+                    .as_str()
+                    .is_some_and(|t| t.contains("TypedExtensionConfig"))
+        })
+        .filter_map(|l| l["node"].as_str().map(str::to_owned))
+        .collect();
+    for n in ["node-a", "node-b"] {
+        assert!(
+            acks.iter().any(|id| id.contains(&format!("weft-{n}"))),
+            "no ACK from {n}: {acks:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_plugin_is_nacked_with_its_reason_while_the_rest_applies_and_traffic_flows() {
+    let a = Addrs { n: 172 };
+    let allow = wasm("port-allowlist");
+    let (mesh, dir) = plugin_mesh(a, vec![]).await;
+    let echo = SocketAddr::new(IpAddr::V4(a.echo()), 8080);
+    let mut live = socks5::connect(mesh.a.socks5, Some(IpAddr::V4(a.client())), echo)
+        .await
+        .unwrap();
+    ping(&mut live).await.unwrap();
+
+    // One push, two plugins: one good, one whose code is not Wasm.
+    put_code(&dir, "allowlist.wasm", &allow);
+    std::fs::write(dir.join("broken.wasm"), b"this is not a wasm component").unwrap();
+    put(
+        &dir,
+        "plugins.yaml",
+        &format!(
+            "{}---\n{}",
+            weft_plugin("allowlist", "file://allowlist.wasm", "{ports: [8080]}", ""),
+            weft_plugin("broken", "file://broken.wasm", "{}", "")
+        ),
+    );
+    let sha = sha256_of(&allow);
+    for node in [&mesh.a, &mesh.b] {
+        until_serving(node, "allowlist", &sha).await;
+        let d = until_dump(node, "the broken plugin NACKed", |d| {
+            ecds(d).is_some_and(|t| {
+                t["lastNack"]["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("broken:"))
+            })
+        })
+        .await;
+        let error = ecds(&d).unwrap()["lastNack"]["error"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            !error.contains("allowlist"),
+            "only the broken one is refused: {error}"
+        );
+        assert!(
+            plugin(&d, "broken").is_none_or(|p| p["state"] != "serving"),
+            "{d}"
+        );
+    }
+    ping(&mut live).await.unwrap();
+    echo_once(&mesh.a, a, echo).await.unwrap();
+
+    // A broken new version of a serving plugin: NACKed, and the previous version keeps serving.
+    std::fs::write(dir.join("allowlist-v2.wasm"), b"\0asm garbage").unwrap();
+    put(
+        &dir,
+        "plugins.yaml",
+        &weft_plugin(
+            "allowlist",
+            "file://allowlist-v2.wasm",
+            "{ports: [9999]}",
+            "",
+        ),
+    );
+    let d = until_dump(&mesh.b, "the broken version NACKed", |d| {
+        ecds(d).is_some_and(|t| {
+            t["lastNack"]["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("allowlist:"))
+        })
+    })
+    .await;
+    assert_eq!(
+        plugin(&d, "allowlist").unwrap()["sha256"],
+        sha.as_str(),
+        "{d}"
+    );
+    // Still the old configuration (8080 allowed), and the live connection never noticed.
+    echo_once(&mesh.a, a, echo).await.unwrap();
+    ping(&mut live).await.unwrap();
+    // weft control logged the NACKs with the reason.
+    assert!(
+        mesh.control
+            .log_lines()
+            .iter()
+            .any(|l| l["message"] == "NACK"
+                && l["error"].as_str().is_some_and(|e| e.contains("broken:"))),
+        "no NACK naming the broken plugin in weft control's log"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugins_pulled_from_a_real_oci_registry_and_a_sha256_mismatch_refused() {
+    use weft_fetch::testing::{Registry, TestCa, oci_client, push_artifact};
+    let a = Addrs { n: 174 };
+    let allow = wasm("port-allowlist");
+    let ca = TestCa::new("registry CA");
+    let reg = Registry::start(&ca, None).await;
+    let roots = ca.write(reg.dir.path());
+    let code = std::fs::read(&allow).unwrap();
+    let auth = oci_client::secrets::RegistryAuth::Anonymous;
+    let digest = push_artifact(
+        &oci_client(&ca),
+        &format!("{}/weft/allowlist:v1", reg.addr),
+        &code,
+        &auth,
+    )
+    .await;
+    let (mesh, dir) = plugin_mesh(
+        a,
+        vec!["--plugin-fetch-roots".into(), roots.display().to_string()],
+    )
+    .await;
+    let echo = SocketAddr::new(IpAddr::V4(a.echo()), 8080);
+    let sha = weft_fetch::sha256_hex(&code);
+
+    // By tag, the module pinned by its sha256.
+    put(
+        &dir,
+        "allowlist.yaml",
+        &weft_plugin(
+            "allowlist",
+            &format!("oci://{}/weft/allowlist:v1", reg.addr),
+            "{ports: [9999]}",
+            &format!("  sha256: {sha}\n"),
+        ),
+    );
+    for node in [&mesh.a, &mesh.b] {
+        until_serving(node, "allowlist", &sha).await;
+    }
+    assert!(echo_once(&mesh.a, a, echo).await.is_err());
+
+    // By digest, a new configuration.
+    put(
+        &dir,
+        "allowlist.yaml",
+        &weft_plugin(
+            "allowlist",
+            &format!("oci://{}/weft/allowlist@{digest}", reg.addr),
+            "{ports: [8080]}",
+            "",
+        ),
+    );
+    eventually(
+        Duration::from_secs(30),
+        "8080 allowed by the digest pull",
+        || async { echo_once(&mesh.a, a, echo).await.ok() },
+    )
+    .await;
+
+    // A pinned sha256 the image's module does not have: refused, the previous version keeps serving.
+    let wrong = "0".repeat(64);
+    put(
+        &dir,
+        "allowlist.yaml",
+        &weft_plugin(
+            "allowlist",
+            &format!("oci://{}/weft/allowlist:v1", reg.addr),
+            "{ports: [9999]}",
+            &format!("  sha256: {wrong}\n"),
+        ),
+    );
+    for node in [&mesh.a, &mesh.b] {
+        let d = until_dump(node, "the sha256 mismatch NACKed", |d| {
+            ecds(d).is_some_and(|t| {
+                t["lastNack"]["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("allowlist:") && e.contains(&wrong))
+            })
+        })
+        .await;
+        assert_eq!(
+            plugin(&d, "allowlist").unwrap()["sha256"],
+            sha.as_str(),
+            "{d}"
+        );
+    }
+    echo_once(&mesh.a, a, echo).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_that_starts_trapping_is_rolled_back_and_reported_a_healthy_one_is_not() {
+    let a = Addrs { n: 176 };
+    let allow = wasm("port-allowlist");
+    let misbehave = wasm("testdata/misbehave");
+    let (mesh, dir) = plugin_mesh(a, vec![]).await;
+    put_code(&dir, "allowlist.wasm", &allow);
+    put_code(&dir, "misbehave.wasm", &misbehave);
+    let rollout = "  rollout: {window: 10m, maxFailureRatio: 0.5, minCalls: 4}\n";
+    let (allow_sha, misbehave_sha) = (sha256_of(&allow), sha256_of(&misbehave));
+    // Port 666: misbehave's port. Nothing listens there; the inbound policy decides before the dial.
+    let port666 = SocketAddr::new(IpAddr::V4(a.echo()), 666);
+    let echo = SocketAddr::new(IpAddr::V4(a.echo()), 8080);
+    let calls_to_666 = |n: usize| {
+        let node = &mesh.a;
+        async move {
+            for _ in 0..n {
+                let _ = echo_once(node, a, port666).await;
+            }
+        }
+    };
+
+    // Healthy: v1 allows 666, v2 (new code) denies it cleanly. Probation sees no failure: no rollback.
+    put(
+        &dir,
+        "steady.yaml",
+        &weft_plugin(
+            "steady",
+            "file://allowlist.wasm",
+            "{ports: [666, 8080]}",
+            rollout,
+        ),
+    );
+    until_serving(&mesh.b, "steady", &allow_sha).await;
+    put(
+        &dir,
+        "steady.yaml",
+        &weft_plugin("steady", "file://misbehave.wasm", "deny-666", rollout),
+    );
+    until_serving(&mesh.b, "steady", &misbehave_sha).await;
+    calls_to_666(6).await;
+    let d = until_dump(&mesh.b, "six clean denials on probation", |d| {
+        plugin(d, "steady").is_some_and(|p| p["denials"].as_u64().unwrap_or(0) >= 6)
+    })
+    .await;
+    let p = plugin(&d, "steady").unwrap();
+    assert_eq!(p["sha256"], misbehave_sha.as_str(), "{p}");
+    assert_eq!(p["onProbation"], true, "{p}");
+    assert!(p["rolledBack"].is_null(), "{p}");
+    assert!(p["errors"].as_object().is_none_or(|e| e.is_empty()), "{p}");
+    echo_once(&mesh.a, a, echo).await.unwrap();
+    std::fs::remove_file(dir.join("steady.yaml")).unwrap();
+    until_dump(&mesh.b, "steady removed", |d| plugin(d, "steady").is_none()).await;
+
+    // Trapping: v1 allows 666, v2 traps on it. Past 4 calls at > 50% failures the node swaps v1 back.
+    put(
+        &dir,
+        "canary.yaml",
+        &weft_plugin(
+            "canary",
+            "file://allowlist.wasm",
+            "{ports: [666, 8080]}",
+            rollout,
+        ),
+    );
+    until_serving(&mesh.b, "canary", &allow_sha).await;
+    put(
+        &dir,
+        "canary.yaml",
+        &weft_plugin("canary", "file://misbehave.wasm", "trap", rollout),
+    );
+    until_serving(&mesh.b, "canary", &misbehave_sha).await;
+    calls_to_666(6).await;
+    let d = until_dump(&mesh.b, "canary rolled back", |d| {
+        plugin(d, "canary").is_some_and(|p| p["sha256"] == allow_sha.as_str())
+    })
+    .await;
+    let p = plugin(&d, "canary").unwrap();
+    assert_eq!(
+        p["rolledBack"]["rolledBackSha256"],
+        misbehave_sha.as_str(),
+        "{p}"
+    );
+    // Reported to the control plane as a NACK with the figures.
+    let t = ecds(&d).unwrap();
+    assert_eq!(t["lastNack"]["solicited"], false, "{t}");
+    assert!(
+        t["lastNack"]["error"].as_str().unwrap().contains("canary:"),
+        "{t}"
+    );
+    let logged = eventually(
+        Duration::from_secs(30),
+        "weft control logs the rollback",
+        || async {
+            mesh.control
+                .log_lines()
+                .into_iter()
+                .find(|l| l["message"] == "node rolled a plugin version back")
+        },
+    )
+    .await;
+    assert_eq!(logged["plugin"], "canary", "{logged}");
+    assert_eq!(logged["rolled_back"], misbehave_sha.as_str(), "{logged}");
+    assert!(logged["failures"].as_u64().unwrap() >= 2, "{logged}");
+    // Node A never called it (inbound only): no rollback there.
+    let da = mesh.a.config_dump().await.unwrap();
+    assert_eq!(
+        plugin(&da, "canary").unwrap()["sha256"],
+        misbehave_sha.as_str(),
+        "{da}"
+    );
+    // 666 is allowed again by the restored version (the dial then fails: nothing listens), and 8080 flows.
+    echo_once(&mesh.a, a, echo).await.unwrap();
+}
