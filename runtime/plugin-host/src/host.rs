@@ -245,6 +245,35 @@ impl ConnectionHooks for PluginHost {
 }
 
 impl PluginHost {
+    /// Checks code before it is handed to the state (the xDS plugin handler NACKs what fails here, so a broken
+    /// resource never takes effect, not even as a fail-closed plugin with nothing serving): it compiles (through
+    /// the compile cache, so the load that follows reuses it), exports the world of `kind` (taken from the
+    /// component when `None`) and links against the host's imports. Returns the kind. Blocking.
+    pub fn check_component(
+        &self,
+        bytes: &[u8],
+        kind: Option<weft_state::PluginKind>,
+    ) -> Result<weft_state::PluginKind, crate::LoadError> {
+        let found = self.component_kind(bytes)?;
+        if let Some(k) = kind
+            && k != found
+        {
+            return Err(crate::LoadError::WrongWorld {
+                world: match k {
+                    weft_state::PluginKind::Policy => "transport-policy",
+                    weft_state::PluginKind::Telemetry => "telemetry-sink",
+                },
+                reason: format!(
+                    "the resource says {k:?} but the component exports the {found:?} interface"
+                ),
+            });
+        }
+        let sha = crate::engine::sha256_hex(bytes);
+        let component = self.shared.cache.get(&sha, bytes)?;
+        crate::instance::link(&self.shared.engine, &component, found)?;
+        Ok(found)
+    }
+
     /// The kind of plugin a component is, from the world it exports (`weft:plugin/policy` or
     /// `weft:plugin/telemetry`): for resources that do not say (Envoy's Wasm config has no such field). Compiles
     /// through the compile cache, so the load that follows reuses the result. Blocking.

@@ -107,16 +107,16 @@ impl EcdsHandler {
                 (f.bytes, f.sha256)
             }
         };
-        let kind = match res.kind {
-            Some(k) => k,
-            None => {
-                let host = self.host.clone();
-                let code = bytes.clone();
-                tokio::task::spawn_blocking(move || host.component_kind(&code))
-                    .await
-                    .map_err(|e| refused(&r.name, format!("inspecting the component: {e}")))?
-                    .map_err(|e| refused(&r.name, format!("code: {e}")))?
-            }
+        // Compiled, world and imports checked before the state sees it: a broken resource is NACKed and never
+        // takes effect.
+        let kind = {
+            let host = self.host.clone();
+            let code = bytes.clone();
+            let declared = res.kind;
+            tokio::task::spawn_blocking(move || host.check_component(&code, declared))
+                .await
+                .map_err(|e| refused(&r.name, format!("inspecting the component: {e}")))?
+                .map_err(|e| refused(&r.name, format!("code: {e}")))?
         };
         Ok(res.into_spec(bytes, sha, kind))
     }
