@@ -375,7 +375,10 @@ async fn push_plugin(
                         .collect()
                 })
                 .unwrap_or_default();
-            println!("  {}: {}", field(&n, "name"), runs.join(", "));
+            // Each node has two streams (mesh, plugins); the plugin stream is the one with plugins to show.
+            if !runs.is_empty() {
+                println!("  {}: {}", field(&n, "name"), runs.join(", "));
+            }
         }
     }
     Ok(())
