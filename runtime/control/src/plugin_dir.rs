@@ -181,8 +181,9 @@ pub fn watch_dir(
             match tokio::task::spawn_blocking(move || build(&d, obs)).await {
                 Ok(Ok(set)) => publisher.publish_plugins(set),
                 Ok(Err(e)) => {
-                    tracing::error!(dir = %dir.display(), error = %e, "plugin directory change refused; the last good plugins keep being served");
+                    // Recorded first, so whoever reads the log line finds it in the status too.
                     publisher.record_refused(SourceKind::Plugins, &e.to_string());
+                    tracing::error!(dir = %dir.display(), error = %e, "plugin directory change refused; the last good plugins keep being served");
                 }
                 Err(e) => tracing::error!(error = %e, "plugin directory load panicked"),
             }

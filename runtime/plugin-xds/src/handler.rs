@@ -176,10 +176,16 @@ impl EcdsHandler {
             }
         }
         // The state says what serves: a refused version gives way to the one before it (or to nothing).
-        if (!restore.is_empty() || !drop_names.is_empty())
-            && let Err(e) = self.sink.put(restore, drop_names).await
-        {
-            tracing::warn!(error = %e, "cannot put the previous plugin versions back into the state");
+        // And the host runs that before the answer goes out, so a refused new plugin (fail-closed with nothing
+        // serving) is gone from the chain when the NACK is sent.
+        if !restore.is_empty() || !drop_names.is_empty() {
+            match self.sink.put(restore, drop_names).await {
+                Ok(v) => {
+                    self.host.wait_applied(v).await;
+                }
+                Err(e) => tracing::warn!(error = %e,
+                    "cannot put the previous plugin versions back into the state"),
+            }
         }
         log(refusals)
     }
