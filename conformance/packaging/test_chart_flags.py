@@ -37,9 +37,9 @@ def parse_help(text: str) -> tuple[dict[str, Flag], set[str]]:
 
 
 def source_env_names() -> set[str]:
-    """`env = "NAME"` in the CLI definitions (runtime/app/src and its modules)."""
+    """`env = "NAME"` in the CLI definitions (`weft run` in runtime/app/src, `weft control` in runtime/control/src)."""
     names = set()
-    for path in (REPO / "runtime" / "app" / "src").rglob("*.rs"):
+    for path in [*(REPO / "runtime" / "app" / "src").rglob("*.rs"), *(REPO / "runtime" / "control" / "src").rglob("*.rs")]:
         names |= set(re.findall(r'\benv\s*=\s*"([A-Z][A-Z0-9_]*)"', path.read_text()))
     return names
 
