@@ -244,7 +244,7 @@ impl Inner {
                 OutboundError::Unroutable(format!("{dst} is a weft port")),
             ));
         }
-        let resolved: Resolved = match state.resolve(dst) {
+        let resolved: Resolved = match state.resolve_from(src_wl.as_deref(), dst) {
             Ok(r) => r,
             Err(e) => {
                 return Err(fail(

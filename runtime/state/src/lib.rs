@@ -4,6 +4,7 @@
 //! each with its own contribution, checked by the same functions (`validate`), and Istio's xDS resources converted
 //! into the model (`xds`).
 
+mod balance;
 pub mod local;
 pub mod mesh;
 pub mod model;

@@ -5,7 +5,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::balance;
 use crate::model::{PluginSpec, Policy, Service, TunnelProtocol, Workload};
+use crate::topology::LbMode;
 
 /// One consistent view of the mesh. Built once per config change and shared read-only.
 #[derive(Debug, Default)]
@@ -163,48 +165,75 @@ impl MeshState {
         self.workloads.values().filter(move |w| w.node == node)
     }
 
-    /// Resolve an original destination: a workload IP, a service VIP (→ a healthy endpoint, round robin, with the
-    /// endpoint's target port), or an address outside the mesh (passed through as is).
+    /// Resolve an original destination as seen by no particular client (see [`MeshState::resolve_from`]).
     pub fn resolve(&self, dst: SocketAddr) -> Result<Resolved, ResolveError> {
+        self.resolve_from(None, dst)
+    }
+
+    /// Resolve an original destination for the client workload `src` (when known): a workload IP, a service VIP
+    /// (→ an endpoint of the best locality tier for `src`, round robin, with the endpoint's target port; or the
+    /// original address for a PASSTHROUGH service), or an address outside the mesh (passed through as is).
+    pub fn resolve_from(
+        &self,
+        src: Option<&Workload>,
+        dst: SocketAddr,
+    ) -> Result<Resolved, ResolveError> {
         if let Some(svc) = self.by_vip.get(&dst.ip()) {
-            let key = svc.key();
-            let Some(&svc_target) = svc.ports.get(&dst.port()) else {
-                return Err(ResolveError::UnknownServicePort {
-                    service: key,
-                    port: dst.port(),
-                });
-            };
-            let candidates: Vec<&Arc<Workload>> = self
-                .endpoints
-                .get(&key)
-                .map(|v| {
-                    v.iter()
-                        .filter(|w| w.healthy && !w.addresses.is_empty())
-                        .collect()
-                })
-                .unwrap_or_default();
-            if candidates.is_empty() {
-                return Err(ResolveError::NoHealthyEndpoint(key));
-            }
-            let pick = candidates[self.rr.fetch_add(1, Ordering::Relaxed) % candidates.len()];
-            // The endpoint's own port map wins; then the service's target port; then the service port.
-            let port = pick
-                .services
-                .get(&key)
-                .and_then(|m| m.get(&dst.port()).copied())
-                .filter(|p| *p != 0)
-                .or(Some(svc_target).filter(|p| *p != 0))
-                .unwrap_or(dst.port());
-            return Ok(Resolved {
-                workload: Some(pick.clone()),
-                service: Some(svc.clone()),
-                addr: SocketAddr::new(pick.addresses[0], port),
-            });
+            return self.resolve_service(src, svc, dst);
         }
         Ok(Resolved {
             workload: self.by_ip.get(&dst.ip()).cloned(),
             service: None,
             addr: dst,
+        })
+    }
+
+    fn resolve_service(
+        &self,
+        src: Option<&Workload>,
+        svc: &Arc<Service>,
+        dst: SocketAddr,
+    ) -> Result<Resolved, ResolveError> {
+        if svc
+            .load_balancing
+            .as_ref()
+            .is_some_and(|lb| lb.mode == LbMode::Passthrough)
+        {
+            // No endpoint picking: the client's own destination, as it dialled it.
+            return Ok(Resolved {
+                workload: None,
+                service: Some(svc.clone()),
+                addr: dst,
+            });
+        }
+        let key = svc.key();
+        let Some(&svc_target) = svc.ports.get(&dst.port()) else {
+            return Err(ResolveError::UnknownServicePort {
+                service: key,
+                port: dst.port(),
+            });
+        };
+        let eligible = self
+            .endpoints_of(&key)
+            .iter()
+            .filter(|w| balance::eligible(svc, w));
+        let tier = balance::best_tier(src, svc, eligible);
+        let turn = self.rr.fetch_add(1, Ordering::Relaxed);
+        let Some(pick) = balance::pick(&tier, turn) else {
+            return Err(ResolveError::NoHealthyEndpoint(key));
+        };
+        // The endpoint's own port map wins; then the service's target port; then the service port.
+        let port = pick
+            .services
+            .get(&key)
+            .and_then(|m| m.get(&dst.port()).copied())
+            .filter(|p| *p != 0)
+            .or(Some(svc_target).filter(|p| *p != 0))
+            .unwrap_or(dst.port());
+        Ok(Resolved {
+            workload: Some(pick.clone()),
+            service: Some(svc.clone()),
+            addr: SocketAddr::new(pick.addresses[0], port),
         })
     }
 }
