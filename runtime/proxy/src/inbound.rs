@@ -115,6 +115,31 @@ impl Inner {
         }
     }
 
+    /// The local workload a CONNECT to `dst` (arriving at `local`, served as `served_id`) is for, and the address
+    /// to hand it to. The authority is the local address itself (the usual case); or the local workload is a
+    /// waypoint (or has an application tunnel) and the authority names what it is the waypoint of (a service VIP or
+    /// a workload: ztunnel's "sandwich"), and the traffic goes to the local workload on the authority's port; or the
+    /// authority is another local workload with the identity served.
+    fn inbound_target(
+        &self,
+        state: &weft_state::MeshState,
+        dst: SocketAddr,
+        local: SocketAddr,
+        served_id: &SpiffeId,
+    ) -> Option<(Arc<Workload>, SocketAddr)> {
+        let served = |w: &Arc<Workload>| self.is_local(w) && w.spiffe_id() == served_id.to_string();
+        if dst.ip() != local.ip()
+            && let Some(w) = state.workload_by_ip(local.ip()).filter(|w| served(w))
+            && (w.application_tunnel.is_some() || state.is_waypoint_for(dst.ip(), w))
+        {
+            return Some((w.clone(), SocketAddr::new(local.ip(), dst.port())));
+        }
+        state
+            .workload_by_ip(dst.ip())
+            .filter(|w| served(w))
+            .map(|w| (w.clone(), dst))
+    }
+
     async fn handle_hbone_stream(
         self: Arc<Self>,
         req: InboundRequest,
@@ -145,29 +170,17 @@ impl Inner {
             Err(e) => return reject(req, StatusCode::BAD_REQUEST, "bad_request", e.to_string()),
         };
         let state = self.state.current();
-        let Some(dst_wl) = state
-            .workload_by_ip(dst.ip())
-            .filter(|w| self.is_local(w))
-            .cloned()
-        else {
-            return reject(
-                req,
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                format!("{dst} is not a workload on this node"),
-            );
-        };
-        if dst_wl.spiffe_id() != served_id.to_string() {
+        let Some((dst_wl, target)) = self.inbound_target(&state, dst, local, &served_id) else {
             return reject(
                 req,
                 StatusCode::BAD_REQUEST,
                 "bad_request",
                 format!(
-                    "{dst} belongs to {} but the tunnel was opened to {served_id} at {local}",
-                    dst_wl.spiffe_id()
+                    "{dst} is not a workload on this node served as {served_id} at {local}, nor something whose \
+                     waypoint is {local}"
                 ),
             );
-        }
+        };
         if crate::config::RESERVED_PORTS.contains(&dst.port()) {
             return reject(
                 req,
@@ -188,7 +201,7 @@ impl Inner {
             .map(|w| w.meta.clone());
         // An application tunnel may move the port (and, in-pod, the address) the application is dialled on; as in
         // ztunnel, policy and telemetry see the workload's address with the port actually dialled.
-        let tunnel = AppTunnel::of(&dst_wl, dst, self.cfg.app_tunnel_loopback);
+        let tunnel = AppTunnel::of(&dst_wl, target, self.cfg.app_tunnel_loopback);
         let record = Arc::new(ConnectionRecord {
             id: self.tracker.next_id(),
             direction: Direction::Inbound,

@@ -271,8 +271,27 @@ impl Inner {
             ));
         }
         let record = Arc::new(record);
-        let dst_wl = match (&resolved.workload, record.hbone) {
-            (Some(w), true) if w.protocol == TunnelProtocol::Hbone => w.clone(),
+        // Who terminates the tunnel, where it is, and which extra identities it may present: the destination's
+        // waypoint when it has one (transport policy above has already run: the waypoint gets only what the client
+        // side allowed), else the destination workload itself on its node's HBONE port.
+        let (dst_wl, hbone_addr, extra_sans) = match (&resolved.waypoint, &resolved.workload) {
+            (Some(wp), _) => (
+                wp.workload.clone(),
+                wp.addr,
+                wp.service
+                    .as_ref()
+                    .map(|s| s.subject_alt_names.clone())
+                    .unwrap_or_default(),
+            ),
+            (None, Some(w)) if w.protocol == TunnelProtocol::Hbone => (
+                w.clone(),
+                SocketAddr::new(resolved.addr.ip(), self.cfg.hbone_port),
+                resolved
+                    .service
+                    .as_ref()
+                    .map(|s| s.subject_alt_names.clone())
+                    .unwrap_or_default(),
+            ),
             _ => {
                 // Plain TCP: a TCP workload, or a destination outside the mesh.
                 let bind = src_wl
@@ -351,14 +370,7 @@ impl Inner {
         })?;
         // Every identity the verifier will accept; the pool key holds the same set.
         let mut accepted = vec![dst_id];
-        if let Some(svc) = &resolved.service {
-            accepted.extend(
-                svc.subject_alt_names
-                    .iter()
-                    .filter_map(|s| s.parse::<SpiffeId>().ok()),
-            );
-        }
-        let hbone_addr = SocketAddr::new(resolved.addr.ip(), self.cfg.hbone_port);
+        accepted.extend(extra_sans.iter().filter_map(|s| s.parse::<SpiffeId>().ok()));
         let cert =
             match tokio::time::timeout(self.cfg.identity_timeout, self.identity.fetch(&src_id))
                 .await
@@ -538,3 +550,5 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod waypoint_tests;

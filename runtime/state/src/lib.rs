@@ -16,7 +16,7 @@ pub mod watch;
 pub mod xds;
 
 pub use local::{ConfigError, LocalConfig};
-pub use mesh::{MeshState, ResolveError, Resolved};
+pub use mesh::{DEFAULT_WAYPOINT_PORT, MeshState, ResolveError, Resolved, WaypointHop};
 pub use model::*;
 pub use sources::{
     Change, Collection, FILE_PRECEDENCE, LOCAL_FILE, Resource, SourceCounts, XDS_PRECEDENCE,

@@ -9,6 +9,10 @@ use crate::balance;
 use crate::model::{PluginSpec, Policy, Service, TunnelProtocol, Workload};
 use crate::topology::LbMode;
 
+mod waypoint;
+
+pub use waypoint::{DEFAULT_WAYPOINT_PORT, WaypointHop};
+
 /// One consistent view of the mesh. Built once per config change and shared read-only.
 #[derive(Debug, Default)]
 pub struct MeshState {
@@ -37,16 +41,21 @@ pub struct Resolved {
     pub workload: Option<Arc<Workload>>,
     /// The service, when a service VIP was targeted.
     pub service: Option<Arc<Service>>,
-    /// The address to reach: workload IP and target port (or the original address for unknown destinations).
+    /// The address to reach: workload IP and target port (or the original address for unknown destinations and
+    /// for traffic handed to a waypoint, whose CONNECT authority it is).
     pub addr: SocketAddr,
+    /// The waypoint the connection must go through, if any.
+    pub waypoint: Option<WaypointHop>,
 }
 
 impl Resolved {
     /// Whether the destination must be reached over HBONE.
     pub fn is_hbone(&self) -> bool {
-        self.workload
-            .as_ref()
-            .is_some_and(|w| w.protocol == TunnelProtocol::Hbone)
+        self.waypoint.is_some()
+            || self
+                .workload
+                .as_ref()
+                .is_some_and(|w| w.protocol == TunnelProtocol::Hbone)
     }
 }
 
@@ -56,6 +65,20 @@ pub enum ResolveError {
     /// A service VIP with no healthy endpoint.
     #[error("service {0} has no healthy endpoint")]
     NoHealthyEndpoint(String),
+    /// A destination's waypoint is not in the state (or, as a service, has no instance serving its HBONE port).
+    #[error("unknown waypoint {0}")]
+    UnknownWaypoint(String),
+    /// A destination's waypoint instance has no address.
+    #[error("waypoint {0} has no address")]
+    WaypointWithoutAddress(String),
+    /// A destination's waypoint is on another network (reaching it through a network gateway is not supported).
+    #[error("waypoint {waypoint} is on network {network:?}, not the client's")]
+    WaypointOnOtherNetwork {
+        /// The waypoint.
+        waypoint: String,
+        /// Its network.
+        network: String,
+    },
     /// A service VIP whose port is not declared.
     #[error("service {service} has no port {port}")]
     UnknownServicePort {
@@ -179,12 +202,32 @@ impl MeshState {
         dst: SocketAddr,
     ) -> Result<Resolved, ResolveError> {
         if let Some(svc) = self.by_vip.get(&dst.ip()) {
+            // Service-addressed: the service's waypoint, if it has one (a workload's own waypoint is for traffic
+            // addressed to the workload: Istio sets each one by the waypoint's traffic type).
+            if let Some(gw) = self.service_waypoint(svc) {
+                let hop = self.waypoint_hop(gw, src)?;
+                return Ok(Resolved {
+                    workload: None,
+                    service: Some(svc.clone()),
+                    addr: dst,
+                    waypoint: Some(hop),
+                });
+            }
             return self.resolve_service(src, svc, dst);
         }
+        let workload = self.by_ip.get(&dst.ip()).cloned();
+        let waypoint = match &workload {
+            Some(w) if !self.is_from_waypoint(w, src) => match &w.waypoint {
+                Some(gw) => Some(self.waypoint_hop(gw, src)?),
+                None => None,
+            },
+            _ => None,
+        };
         Ok(Resolved {
-            workload: self.by_ip.get(&dst.ip()).cloned(),
+            workload,
             service: None,
             addr: dst,
+            waypoint,
         })
     }
 
@@ -204,6 +247,7 @@ impl MeshState {
                 workload: None,
                 service: Some(svc.clone()),
                 addr: dst,
+                waypoint: None,
             });
         }
         let key = svc.key();
@@ -234,6 +278,7 @@ impl MeshState {
             workload: Some(pick.clone()),
             service: Some(svc.clone()),
             addr: SocketAddr::new(pick.addresses[0], port),
+            waypoint: None,
         })
     }
 }
