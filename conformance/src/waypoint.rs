@@ -1,8 +1,9 @@
-//! A waypoint stand-in for tests: the transport half of a waypoint proxy, built on weft-hbone. It terminates HBONE
-//! on `ip:15008` with a certificate for its own identity (issued by the mesh's CA), records every CONNECT (its
-//! authority, the `forwarded` header and the verified identity of the peer), and re-originates HBONE, from its own
-//! address and with its own identity, to the workload the authority stands for (a route the test gives: a waypoint
-//! would pick the endpoint of a service by itself).
+//! Waypoint and network-gateway stand-ins for tests, built on weft-hbone. Each terminates HBONE on `ip:15008` with
+//! a certificate for its own identity (issued by the mesh's CA) and records every CONNECT (its authority, the
+//! `forwarded` header and the verified identity of the peer). A waypoint re-originates HBONE, from its own address
+//! and with its own identity, to the workload the authority stands for; a network gateway forwards the tunnel's
+//! bytes (the client's inner HBONE) as they are to the remote node. Routes are the test's: a real waypoint or gateway
+//! picks the endpoint of a service by itself.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -29,6 +30,15 @@ pub struct Seen {
     pub forwarded: Option<String>,
 }
 
+/// Where a CONNECT goes on.
+#[derive(Debug, Clone)]
+pub enum Route {
+    /// Waypoint: HBONE to this workload address (its node's port 15008, authority = it), which must prove the id.
+    Hbone(SocketAddr, SpiffeId),
+    /// Network gateway: the tunnel's bytes, unchanged, to this address (the remote node's HBONE port).
+    Raw(SocketAddr),
+}
+
 /// A running stand-in; stops on drop.
 #[derive(Debug)]
 pub struct WaypointStandIn {
@@ -40,13 +50,12 @@ pub struct WaypointStandIn {
 
 impl WaypointStandIn {
     /// Start on `ip:15008` as `id`, with certificates from the CA in `ca_dir`. `routes` maps a CONNECT authority to
-    /// the workload address the stand-in tunnels it on to (HBONE to that address's port 15008, authority = it) and
-    /// the identity that workload must prove; an authority with no route is answered 503.
+    /// where it goes on; an authority with no route is answered 503.
     pub async fn start(
         ip: IpAddr,
         ca_dir: &Path,
         id: SpiffeId,
-        routes: HashMap<String, (SocketAddr, SpiffeId)>,
+        routes: HashMap<String, Route>,
     ) -> Result<Self, String> {
         let ca = LocalCa::from_dir(ca_dir).map_err(|e| e.to_string())?;
         let identity = SecretManager::new(Arc::new(ca), ManagerConfig::default());
@@ -117,7 +126,7 @@ async fn relay(
     own_ip: IpAddr,
     seen: &Mutex<Vec<Seen>>,
     cert: &Arc<WorkloadCert>,
-    routes: &HashMap<String, (SocketAddr, SpiffeId)>,
+    routes: &HashMap<String, Route>,
 ) {
     let authority = req.authority().to_owned();
     if let Ok(mut s) = seen.lock() {
@@ -132,9 +141,23 @@ async fn relay(
                 .map(str::to_owned),
         });
     }
-    let Some((target, server_id)) = routes.get(&authority).cloned() else {
+    let Some(route) = routes.get(&authority).cloned() else {
         let _ = req.reject(StatusCode::SERVICE_UNAVAILABLE);
         return;
+    };
+    let (target, server_id) = match route {
+        Route::Hbone(target, id) => (target, id),
+        Route::Raw(to) => {
+            let Ok(mut upstream) = raw(to, own_ip).await else {
+                let _ = req.reject(StatusCode::SERVICE_UNAVAILABLE);
+                return;
+            };
+            let Ok(mut down) = req.accept(http::HeaderMap::new()) else {
+                return;
+            };
+            let _ = tokio::io::copy_bidirectional(&mut down, &mut upstream).await;
+            return;
+        }
     };
     match onward(target, server_id, own_ip, cert).await {
         Ok(mut upstream) => {
@@ -181,4 +204,11 @@ async fn onward(
             _ => StatusCode::BAD_GATEWAY,
         })?;
     Ok(stream)
+}
+
+/// Plain TCP from the stand-in's own address to `to`.
+async fn raw(to: SocketAddr, own_ip: IpAddr) -> std::io::Result<tokio::net::TcpStream> {
+    let sock = TcpSocket::new_v4()?;
+    sock.bind(SocketAddr::new(own_ip, 0))?;
+    sock.connect(to).await
 }

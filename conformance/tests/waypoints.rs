@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use weft_conformance::waypoint::WaypointStandIn;
+use weft_conformance::waypoint::{Route, WaypointStandIn};
 use weft_conformance::{Addrs, Mesh, eventually};
 use weft_devmesh::{socks5, workload};
 use weft_identity::SpiffeId;
@@ -140,8 +140,8 @@ async fn traffic_goes_through_the_waypoint_its_destination_names() {
     let vip = SocketAddr::from((a.vip(), 80));
     let echo = SocketAddr::from((a.echo(), 8080));
     let routes = HashMap::from([
-        (vip.to_string(), (echo, id("echo"))),
-        (echo.to_string(), (echo, id("echo"))),
+        (vip.to_string(), Route::Hbone(echo, id("echo"))),
+        (echo.to_string(), Route::Hbone(echo, id("echo"))),
     ]);
     let wp = WaypointStandIn::start(
         IpAddr::V4(waypoint_ip(a)),

@@ -13,6 +13,10 @@ use weft_state::{Resolved, TunnelProtocol};
 use crate::conn::{Halves, Via};
 use crate::{Inner, headers, socket};
 
+mod gateway;
+
+pub(crate) use gateway::FORWARDED_NETWORK;
+
 /// Pool key: one HTTP/2 connection serves one (source identity, accepted destination identities, source IP,
 /// destination).
 ///
@@ -271,10 +275,17 @@ impl Inner {
             ));
         }
         let record = Arc::new(record);
-        // Who terminates the tunnel, where it is, and which extra identities it may present: the destination's
-        // waypoint when it has one (transport policy above has already run: the waypoint gets only what the client
-        // side allowed), else the destination workload itself on its node's HBONE port.
-        let (dst_wl, hbone_addr, extra_sans) = match (&resolved.waypoint, &resolved.workload) {
+        // Who terminates the (outer) tunnel, where it is, and which extra identities it may present: the network
+        // gateway when the destination (or its waypoint) is on another network; else the destination's waypoint
+        // when it has one (transport policy above has already run: the waypoint gets only what the client side
+        // allowed); else the destination workload itself on its node's HBONE port.
+        let (dst_wl, hbone_addr, extra_sans) = match (
+            resolved
+                .network_gateway
+                .as_ref()
+                .or(resolved.waypoint.as_ref()),
+            &resolved.workload,
+        ) {
             (Some(wp), _) => (
                 wp.workload.clone(),
                 wp.addr,
@@ -396,8 +407,26 @@ impl Inner {
         let src_ip = self.cfg.bind_source_ip.then_some(src.ip());
         let key = PoolKey::new(src_id, accepted, src_ip, hbone_addr);
         let expected = key.dst_ids.to_vec();
+        // Through a network gateway both tunnels name the service by hostname and port (the endpoint's address
+        // means nothing on this network); the inner one also says which network the client is on.
+        let inner = match (&resolved.network_gateway, &resolved.service) {
+            (Some(_), Some(svc)) => Some(gateway::InnerTunnel::new(
+                svc,
+                gateway::inner_identities(
+                    svc,
+                    resolved.waypoint.as_ref(),
+                    resolved.workload.as_deref(),
+                ),
+                &src_wl.network,
+                dst.port(),
+                cert.clone(),
+            )),
+            _ => None,
+        };
         let req = ConnectRequest {
-            authority: resolved.addr.to_string(),
+            authority: inner
+                .as_ref()
+                .map_or_else(|| resolved.addr.to_string(), |i| i.authority.clone()),
             headers: headers::connect_headers(
                 src,
                 Some(&src_wl.meta),
@@ -433,8 +462,28 @@ impl Inner {
                 }),
             }
         };
-        match self.pool.connect(key, req, connect).await {
-            Ok((stream, _headers)) => Ok(Established {
+        let inner_headers = req.headers.clone();
+        let tunnel = async {
+            let (outer, _headers) = self.pool.connect(key, req, connect).await?;
+            match inner {
+                None => Ok(outer),
+                Some(i) => {
+                    let after = self.cfg.connect_timeout;
+                    let open = i.open(outer, inner_headers, hbone_addr, &self.cfg.h2);
+                    match tokio::time::timeout(after, open).await {
+                        Ok(r) => r,
+                        Err(_) => Err(weft_hbone::Error::ConnectFailed(Arc::new(
+                            DialError::Timeout {
+                                addr: hbone_addr,
+                                after,
+                            },
+                        ))),
+                    }
+                }
+            }
+        };
+        match tunnel.await {
+            Ok(stream) => Ok(Established {
                 record,
                 epoch,
                 upstream: Upstream::Hbone(stream, hbone_addr),

@@ -46,12 +46,16 @@ pub struct Resolved {
     pub addr: SocketAddr,
     /// The waypoint the connection must go through, if any.
     pub waypoint: Option<WaypointHop>,
+    /// The network gateway the connection must go through (the endpoint picked is on another network than the
+    /// client's: HBONE inside HBONE, the inner tunnel to the endpoint, by service hostname), if any.
+    pub network_gateway: Option<WaypointHop>,
 }
 
 impl Resolved {
     /// Whether the destination must be reached over HBONE.
     pub fn is_hbone(&self) -> bool {
         self.waypoint.is_some()
+            || self.network_gateway.is_some()
             || self
                 .workload
                 .as_ref()
@@ -71,7 +75,8 @@ pub enum ResolveError {
     /// A destination's waypoint instance has no address.
     #[error("waypoint {0} has no address")]
     WaypointWithoutAddress(String),
-    /// A destination's waypoint is on another network (reaching it through a network gateway is not supported).
+    /// A workload's waypoint is on another network (only a service's waypoint is reached through a network gateway,
+    /// as in ztunnel).
     #[error("waypoint {waypoint} is on network {network:?}, not the client's")]
     WaypointOnOtherNetwork {
         /// The waypoint.
@@ -79,6 +84,17 @@ pub enum ResolveError {
         /// Its network.
         network: String,
     },
+    /// An endpoint on another network without a network gateway.
+    #[error("workload {workload} is on network {network:?} and has no network gateway")]
+    NoNetworkGateway {
+        /// The endpoint.
+        workload: String,
+        /// Its network.
+        network: String,
+    },
+    /// A network gateway is not in the state, or has no usable instance or address.
+    #[error("unknown network gateway {0}")]
+    UnknownNetworkGateway(String),
     /// A service VIP whose port is not declared.
     #[error("service {service} has no port {port}")]
     UnknownServicePort {
@@ -205,12 +221,26 @@ impl MeshState {
             // Service-addressed: the service's waypoint, if it has one (a workload's own waypoint is for traffic
             // addressed to the workload: Istio sets each one by the waypoint's traffic type).
             if let Some(gw) = self.service_waypoint(svc) {
-                let hop = self.waypoint_hop(gw, src)?;
+                let hop = self.waypoint_hop(gw, src, true)?;
+                // A waypoint on another network is reached through that network's gateway (double HBONE).
+                let network_gateway = match src {
+                    Some(src) if src.network != hop.workload.network => {
+                        let Some(ngw) = &hop.workload.network_gateway else {
+                            return Err(ResolveError::NoNetworkGateway {
+                                workload: hop.workload.uid.clone(),
+                                network: hop.workload.network.clone(),
+                            });
+                        };
+                        Some(self.gateway_hop(ngw)?)
+                    }
+                    _ => None,
+                };
                 return Ok(Resolved {
                     workload: None,
                     service: Some(svc.clone()),
                     addr: dst,
                     waypoint: Some(hop),
+                    network_gateway,
                 });
             }
             return self.resolve_service(src, svc, dst);
@@ -218,7 +248,7 @@ impl MeshState {
         let workload = self.by_ip.get(&dst.ip()).cloned();
         let waypoint = match &workload {
             Some(w) if !self.is_from_waypoint(w, src) => match &w.waypoint {
-                Some(gw) => Some(self.waypoint_hop(gw, src)?),
+                Some(gw) => Some(self.waypoint_hop(gw, src, false)?),
                 None => None,
             },
             _ => None,
@@ -228,6 +258,7 @@ impl MeshState {
             service: None,
             addr: dst,
             waypoint,
+            network_gateway: None,
         })
     }
 
@@ -248,6 +279,7 @@ impl MeshState {
                 service: Some(svc.clone()),
                 addr: dst,
                 waypoint: None,
+                network_gateway: None,
             });
         }
         let key = svc.key();
@@ -260,12 +292,31 @@ impl MeshState {
         let eligible = self
             .endpoints_of(&key)
             .iter()
-            .filter(|w| balance::eligible(svc, w));
+            .filter(|w| balance::eligible(svc, w, src));
         let tier = balance::best_tier(src, svc, eligible);
         let turn = self.rr.fetch_add(1, Ordering::Relaxed);
         let Some(pick) = balance::pick(&tier, turn) else {
             return Err(ResolveError::NoHealthyEndpoint(key));
         };
+        if let Some(src) = src
+            && pick.network != src.network
+        {
+            // Another network: through the endpoint's network gateway, to the service by hostname and port.
+            let Some(gw) = &pick.network_gateway else {
+                return Err(ResolveError::NoNetworkGateway {
+                    workload: pick.uid.clone(),
+                    network: pick.network.clone(),
+                });
+            };
+            let hop = self.gateway_hop(gw)?;
+            return Ok(Resolved {
+                workload: Some(pick.clone()),
+                service: Some(svc.clone()),
+                addr: dst,
+                waypoint: None,
+                network_gateway: Some(hop),
+            });
+        }
         // The endpoint's own port map wins; then the service's target port; then the service port.
         let port = pick
             .services
@@ -279,6 +330,7 @@ impl MeshState {
             service: Some(svc.clone()),
             addr: SocketAddr::new(pick.addresses[0], port),
             waypoint: None,
+            network_gateway: None,
         })
     }
 }

@@ -21,7 +21,8 @@ pub struct WaypointHop {
     pub workload: Arc<Workload>,
     /// The waypoint's service, when the waypoint was named as one (its SANs are accepted too).
     pub service: Option<Arc<Service>>,
-    /// The address HBONE is opened to: the instance's address and its HBONE port.
+    /// The address HBONE is opened to: the instance's address and its HBONE port (unspecified for an instance on
+    /// another network without an address: it is reached through its network gateway).
     pub addr: SocketAddr,
 }
 
@@ -92,10 +93,14 @@ impl MeshState {
     /// (the client's best locality tier, round robin; instances must serve the HBONE port or have an application
     /// tunnel), a waypoint workload is itself. Unknown, or a service with no usable instance: `UnknownWaypoint`
     /// (ztunnel fails the connection rather than bypass the waypoint).
+    ///
+    /// An instance on another network than the client's is `WaypointOnOtherNetwork` unless `through_gateway` (then
+    /// the caller reaches it through that network's gateway, and `addr` is unspecified when it has no address).
     pub(super) fn waypoint_hop(
         &self,
         gw: &GatewayAddress,
         src: Option<&Workload>,
+        through_gateway: bool,
     ) -> Result<WaypointHop, ResolveError> {
         let port = match gw.hbone_mtls_port {
             0 => DEFAULT_WAYPOINT_PORT,
@@ -108,7 +113,7 @@ impl MeshState {
                 let key = svc.key();
                 let svc_target = svc.ports.get(&port).copied();
                 let eligible = self.endpoints_of(&key).iter().filter(|w| {
-                    balance::eligible(svc, w)
+                    balance::eligible(svc, w, src)
                         && (svc_target.is_some() || w.application_tunnel.is_some())
                 });
                 let tier = balance::best_tier(src, svc, eligible);
@@ -124,24 +129,36 @@ impl MeshState {
                 (pick.clone(), Some(svc.clone()), target)
             }
         };
-        let Some(ip) = workload.addresses.first().copied() else {
-            return Err(ResolveError::WaypointWithoutAddress(
-                gw.destination.to_string(),
-            ));
-        };
-        if let Some(src) = src
-            && src.network != workload.network
-        {
+        let remote = src.is_some_and(|src| src.network != workload.network);
+        if remote && !through_gateway {
             return Err(ResolveError::WaypointOnOtherNetwork {
                 waypoint: gw.destination.to_string(),
                 network: workload.network.clone(),
             });
         }
+        let ip = match workload.addresses.first().copied() {
+            Some(ip) => ip,
+            // Reached through its network's gateway: its own address is not dialled (and may be unknown here).
+            None if remote => IpAddr::from([0, 0, 0, 0]),
+            None => {
+                return Err(ResolveError::WaypointWithoutAddress(
+                    gw.destination.to_string(),
+                ));
+            }
+        };
         Ok(WaypointHop {
             workload,
             service,
             addr: SocketAddr::new(ip, port),
         })
+    }
+
+    /// The network gateway instance for `gw` (named like a waypoint: an address or a hostname). A gateway lives on
+    /// the remote network, so there is no network check, and its instances are picked without the client's
+    /// locality; every failure is `UnknownNetworkGateway`.
+    pub(super) fn gateway_hop(&self, gw: &GatewayAddress) -> Result<WaypointHop, ResolveError> {
+        self.waypoint_hop(gw, None, false)
+            .map_err(|_| ResolveError::UnknownNetworkGateway(gw.destination.to_string()))
     }
 
     /// Whether the workload `wl` is one of the instances of the waypoint `gw`.
