@@ -137,13 +137,18 @@ async fn failover_leaves_an_unhealthy_local_endpoint_and_comes_back() {
     // STRICT: with the local endpoint unhealthy there is no endpoint matching every preference; no failover.
     edit(&mesh, &yaml(a, "Unhealthy", "Strict")).await;
     assert!(who(&mesh).await.is_err(), "STRICT must not fail over");
-    let logs = mesh.a.log_lines();
-    assert!(
-        logs.iter()
-            .any(|l| l.to_string().contains("has no healthy endpoint")),
-        "the refusal names its cause: {}",
-        mesh.a.log_tail(20)
-    );
+    eventually(
+        Duration::from_secs(30),
+        "node A's log names the cause of the refusal",
+        || async {
+            mesh.a
+                .log_lines()
+                .iter()
+                .any(|l| l.to_string().contains("has no healthy endpoint"))
+                .then_some(())
+        },
+    )
+    .await;
     // ALLOW_ALL: the unhealthy local endpoint is picked again.
     edit(
         &mesh,

@@ -151,14 +151,18 @@ async fn a_service_on_another_network_is_reached_by_hbone_inside_hbone() {
             .unwrap_or(true),
     };
     assert!(refused);
-    assert!(
-        mesh.a
-            .log_lines()
-            .iter()
-            .any(|l| l.to_string().contains("has no network gateway")),
-        "{}",
-        mesh.a.log_tail(5)
-    );
+    eventually(
+        Duration::from_secs(30),
+        "node A's log names the missing gateway",
+        || async {
+            mesh.a
+                .log_lines()
+                .iter()
+                .any(|l| l.to_string().contains("has no network gateway"))
+                .then_some(())
+        },
+    )
+    .await;
     assert_eq!(gateway.seen().len(), 2);
 }
 

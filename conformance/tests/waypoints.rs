@@ -240,14 +240,18 @@ async fn traffic_goes_through_the_waypoint_its_destination_names() {
     )
     .await;
     assert!(echo_via(&mesh, echo, b"x").await.is_err());
-    assert!(
-        mesh.a
-            .log_lines()
-            .iter()
-            .any(|l| l.to_string().contains("unknown waypoint /127.0.202.99")),
-        "{}",
-        mesh.a.log_tail(10)
-    );
+    eventually(
+        Duration::from_secs(30),
+        "node A's log names the unknown waypoint",
+        || async {
+            mesh.a
+                .log_lines()
+                .iter()
+                .any(|l| l.to_string().contains("unknown waypoint /127.0.202.99"))
+                .then_some(())
+        },
+    )
+    .await;
     assert_eq!(wp.seen().len(), 2);
 
     // Node B allows echo's traffic only from the waypoint (istiod's allow-from-waypoint policy). A client node
