@@ -176,7 +176,7 @@ impl Inner {
                     return reject(req, StatusCode::BAD_REQUEST, "bad_request", e.to_string());
                 }
                 Err(HostTargetError::Unknown(why)) => {
-                    return reject(req, StatusCode::SERVICE_UNAVAILABLE, "bad_request", why);
+                    return reject(req, StatusCode::SERVICE_UNAVAILABLE, "no_service_port", why);
                 }
             },
         };
