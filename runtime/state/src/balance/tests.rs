@@ -70,7 +70,24 @@ fn mesh(load_balancer: &str) -> MeshState {
         if *extra != "client" {
             y.push_str("  services: {ns/svc.example: {80: 8080}}\n");
         }
+        if *extra != "client" {
+            // Every network has a gateway (used only by clients on other networks).
+            let gw = if *network == "net2" {
+                "10.0.1.2"
+            } else {
+                "10.0.1.1"
+            };
+            y.push_str(&format!(
+                "  networkGateway: {{destination: {network}/{gw}}}\n"
+            ));
+        }
     }
+    y.push_str(
+        "- {uid: gw-net1, namespace: istio-system, workloadIps: [10.0.1.1], network: net1}\n",
+    );
+    y.push_str(
+        "- {uid: gw-net2, namespace: istio-system, workloadIps: [10.0.1.2], network: net2}\n",
+    );
     y.push_str("services:\n- name: svc\n  namespace: ns\n  hostname: svc.example\n  vips: [/10.96.0.1]\n  ports: {80: 8080}\n");
     if !load_balancer.is_empty() {
         y.push_str(&format!("  loadBalancer: {load_balancer}\n"));
@@ -87,7 +104,14 @@ fn picked(state: &MeshState, client: &str) -> Result<BTreeSet<String>, ResolveEr
     for _ in 0..2 * WORKLOADS.len() {
         let r = state.resolve_from(Some(&src), VIP.parse().unwrap())?;
         let wl = r.workload.unwrap();
-        assert_eq!(r.addr, SocketAddr::new(wl.addresses[0], 8080));
+        if wl.network == src.network {
+            assert_eq!(r.addr, SocketAddr::new(wl.addresses[0], 8080));
+        } else {
+            // Another network: through its gateway, to the service as dialled.
+            let gw = r.network_gateway.unwrap().workload;
+            assert_eq!(gw.uid, format!("gw-{}", wl.network));
+            assert_eq!(r.addr, VIP.parse().unwrap());
+        }
         seen.insert(wl.uid.clone());
     }
     Ok(seen)
@@ -182,11 +206,12 @@ fn the_best_tier_for_each_preference_and_mode() {
             &["e-node", "e-subzone", "e-cluster2"],
         ),
         (
-            "no endpoint on the client's network: locality still ranks the other networks",
+            "no endpoint on the client's network: locality still ranks the other networks (through their gateways: an endpoint without an address counts too)",
             "{mode: Failover, routingPreferences: [Network, Zone]}",
             "client-net3",
             &[
                 "e-node",
+                "e-noip-node",
                 "e-subzone",
                 "e-zone",
                 "e-far",
