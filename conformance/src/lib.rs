@@ -5,6 +5,7 @@ pub mod cni;
 pub mod load;
 pub mod netmesh;
 pub mod podmesh;
+pub mod waypoint;
 pub mod xdsmesh;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

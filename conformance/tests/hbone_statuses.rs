@@ -71,11 +71,23 @@ async fn bad_connects_get_proper_statuses() {
             .unwrap(),
         StatusCode::BAD_REQUEST
     );
-    // A hostname instead of ip:port.
+    // A service hostname (as through a network gateway): the local endpoint on its target port; a port the
+    // service does not have: 503, as ztunnel answers.
+    assert_eq!(
+        status_of(&c, "echo.default.svc.cluster.local:80")
+            .await
+            .unwrap(),
+        StatusCode::OK
+    );
     assert_eq!(
         status_of(&c, "echo.default.svc.cluster.local:8080")
             .await
             .unwrap(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    // Neither ip:port nor hostname:port.
+    assert_eq!(
+        status_of(&c, "echo-without-a-port").await.unwrap(),
         StatusCode::BAD_REQUEST
     );
     // weft's own ports (self-call protection).

@@ -115,6 +115,31 @@ impl Inner {
         }
     }
 
+    /// The local workload a CONNECT to `dst` (arriving at `local`, served as `served_id`) is for, and the address
+    /// to hand it to. The authority is the local address itself (the usual case); or the local workload is a
+    /// waypoint (or has an application tunnel) and the authority names what it is the waypoint of (a service VIP or
+    /// a workload: ztunnel's "sandwich"), and the traffic goes to the local workload on the authority's port; or the
+    /// authority is another local workload with the identity served.
+    fn inbound_target(
+        &self,
+        state: &weft_state::MeshState,
+        dst: SocketAddr,
+        local: SocketAddr,
+        served_id: &SpiffeId,
+    ) -> Option<(Arc<Workload>, SocketAddr)> {
+        let served = |w: &Arc<Workload>| self.is_local(w) && w.spiffe_id() == served_id.to_string();
+        if dst.ip() != local.ip()
+            && let Some(w) = state.workload_by_ip(local.ip()).filter(|w| served(w))
+            && (w.application_tunnel.is_some() || state.is_waypoint_for(dst.ip(), w))
+        {
+            return Some((w.clone(), SocketAddr::new(local.ip(), dst.port())));
+        }
+        state
+            .workload_by_ip(dst.ip())
+            .filter(|w| served(w))
+            .map(|w| (w.clone(), dst))
+    }
+
     async fn handle_hbone_stream(
         self: Arc<Self>,
         req: InboundRequest,
@@ -140,34 +165,32 @@ impl Inner {
                 format!("method {m} is not CONNECT"),
             );
         }
-        let dst = match req.authority_addr() {
-            Ok(a) => a,
-            Err(e) => return reject(req, StatusCode::BAD_REQUEST, "bad_request", e.to_string()),
-        };
         let state = self.state.current();
-        let Some(dst_wl) = state
-            .workload_by_ip(dst.ip())
-            .filter(|w| self.is_local(w))
-            .cloned()
-        else {
-            return reject(
-                req,
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                format!("{dst} is not a workload on this node"),
-            );
+        // `ip:port`; or, through a network gateway, `service-hostname:port`, which names the local workload (the one
+        // dialled) as an endpoint of that service, on the endpoint's target port.
+        let (dst, by_host) = match req.authority_addr() {
+            Ok(a) => (a, None),
+            Err(e) => match hostname_target(&state, req.authority(), local) {
+                Ok((a, key)) => (a, Some(key)),
+                Err(HostTargetError::NotAHostname) => {
+                    return reject(req, StatusCode::BAD_REQUEST, "bad_request", e.to_string());
+                }
+                Err(HostTargetError::Unknown(why)) => {
+                    return reject(req, StatusCode::SERVICE_UNAVAILABLE, "no_service_port", why);
+                }
+            },
         };
-        if dst_wl.spiffe_id() != served_id.to_string() {
+        let Some((dst_wl, target)) = self.inbound_target(&state, dst, local, &served_id) else {
             return reject(
                 req,
                 StatusCode::BAD_REQUEST,
                 "bad_request",
                 format!(
-                    "{dst} belongs to {} but the tunnel was opened to {served_id} at {local}",
-                    dst_wl.spiffe_id()
+                    "{dst} is not a workload on this node served as {served_id} at {local}, nor something whose \
+                     waypoint is {local}"
                 ),
             );
-        }
+        };
         if crate::config::RESERVED_PORTS.contains(&dst.port()) {
             return reject(
                 req,
@@ -182,13 +205,19 @@ impl Inner {
         if let Some(claimed) = claimed.filter(|c| *c != peer) {
             tracing::debug!(%peer, forwarded_for = %claimed, "forwarded for= differs from the TCP peer; the TCP peer is used");
         }
+        // From another network (through its gateway) the TCP peer is the gateway: no source workload is known.
+        let other_network = req
+            .headers()
+            .get(crate::outbound::FORWARDED_NETWORK)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|n| !n.eq_ignore_ascii_case(&dst_wl.network));
         let src_wl = state
             .workload_by_ip(src.ip())
-            .filter(|w| w.spiffe_id() == *peer_id)
+            .filter(|w| !other_network && w.spiffe_id() == *peer_id)
             .map(|w| w.meta.clone());
         // An application tunnel may move the port (and, in-pod, the address) the application is dialled on; as in
         // ztunnel, policy and telemetry see the workload's address with the port actually dialled.
-        let tunnel = AppTunnel::of(&dst_wl, dst, self.cfg.app_tunnel_loopback);
+        let tunnel = AppTunnel::of(&dst_wl, target, self.cfg.app_tunnel_loopback);
         let record = Arc::new(ConnectionRecord {
             id: self.tracker.next_id(),
             direction: Direction::Inbound,
@@ -199,12 +228,14 @@ impl Inner {
             dst_workload: Some(dst_wl.meta.clone()),
             // The service the client targeted, from `forwarded: ...;host=`, if this workload backs it. The peer
             // chooses it (among this workload's services): a telemetry label, not a fact to authorize on.
-            dst_service: forwarded_host(req.headers()).and_then(|host| {
-                dst_wl
-                    .services
-                    .keys()
-                    .find(|k| k.split_once('/').is_some_and(|(_, h)| h == host))
-                    .cloned()
+            dst_service: by_host.or_else(|| {
+                forwarded_host(req.headers()).and_then(|host| {
+                    dst_wl
+                        .services
+                        .keys()
+                        .find(|k| k.split_once('/').is_some_and(|(_, h)| h == host))
+                        .cloned()
+                })
             }),
             hbone: true,
         });
@@ -251,6 +282,52 @@ impl Inner {
         self.run(record, epoch, "hbone", via, Halves(tr, tw), Halves(ur, uw))
             .await;
     }
+}
+
+/// Why a `hostname:port` authority names no local target.
+enum HostTargetError {
+    /// Not of that form at all.
+    NotAHostname,
+    /// No service of that name that the local workload backs, or no target port for it.
+    Unknown(String),
+}
+
+/// The target of a `hostname:port` CONNECT arriving at `local`: the local workload's address and the port it serves
+/// the service port on (its own port map, else the service's target port), and the service's key.
+fn hostname_target(
+    state: &weft_state::MeshState,
+    authority: &str,
+    local: SocketAddr,
+) -> Result<(SocketAddr, String), HostTargetError> {
+    let (host, port) = authority
+        .rsplit_once(':')
+        .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+        .filter(|(h, _)| !h.is_empty() && h.parse::<IpAddr>().is_err() && !h.starts_with('['))
+        .ok_or(HostTargetError::NotAHostname)?;
+    let wl = state
+        .workload_by_ip(local.ip())
+        .ok_or_else(|| HostTargetError::Unknown(format!("no workload at {local}")))?;
+    // A hostname may exist in several namespaces: the one this workload backs (its own namespace first).
+    let mut candidates: Vec<_> = state
+        .services_by_host(host)
+        .iter()
+        .filter(|s| wl.services.contains_key(&s.key()))
+        .collect();
+    candidates.sort_by_key(|s| s.namespace != wl.namespace);
+    let svc = candidates
+        .first()
+        .ok_or_else(|| HostTargetError::Unknown(format!("{} backs no service {host}", wl.uid)))?;
+    let key = svc.key();
+    let target = wl
+        .services
+        .get(&key)
+        .and_then(|m| m.get(&port).copied())
+        .filter(|p| *p != 0)
+        .or(svc.ports.get(&port).copied().filter(|p| *p != 0))
+        .ok_or_else(|| {
+            HostTargetError::Unknown(format!("service {key} has no target port for {port}"))
+        })?;
+    Ok((SocketAddr::new(local.ip(), target), key))
 }
 
 /// Where an inbound HBONE stream goes, given the destination workload's application tunnel.
@@ -388,6 +465,62 @@ mod tests {
             "only PROXY tunnels go to loopback"
         );
         assert!(!n.proxy_protocol);
+    }
+
+    #[test]
+    fn hostname_authorities_name_the_local_endpoint_of_the_service() {
+        let state = weft_state::local::parse(
+            "workloads:
+- {uid: w, namespace: ns, workloadIps: [10.0.0.2], services: {ns/svc.example: {80: 8080, 81: 0}}}
+- {uid: v, namespace: ns, workloadIps: [10.0.0.3]}
+services:
+- {name: svc, namespace: ns, hostname: svc.example, vips: [/10.96.0.1], ports: {80: 9999, 81: 8181, 82: 0}}
+",
+            std::path::Path::new("/"),
+        )
+        .unwrap()
+        .into_state(1);
+        let local: SocketAddr = "10.0.0.2:15008".parse().unwrap();
+        let ok = |a: &str| hostname_target(&state, a, local).ok();
+        assert_eq!(
+            ok("svc.example:80"),
+            Some(("10.0.0.2:8080".parse().unwrap(), "ns/svc.example".into())),
+            "the endpoint's own port first"
+        );
+        assert_eq!(
+            ok("svc.example:81").map(|t| t.0),
+            Some("10.0.0.2:8181".parse().unwrap()),
+            "then the service's target port"
+        );
+        for unknown in ["svc.example:82", "other.example:80"] {
+            assert!(matches!(
+                hostname_target(&state, unknown, local),
+                Err(HostTargetError::Unknown(_))
+            ));
+        }
+        let other: SocketAddr = "10.0.0.3:15008".parse().unwrap();
+        assert!(
+            matches!(
+                hostname_target(&state, "svc.example:80", other),
+                Err(HostTargetError::Unknown(_))
+            ),
+            "a workload that does not back the service"
+        );
+        for not_host in [
+            "10.0.0.2:80",
+            "svc.example",
+            "svc.example:x",
+            ":80",
+            "[::1]:80",
+        ] {
+            assert!(
+                matches!(
+                    hostname_target(&state, not_host, local),
+                    Err(HostTargetError::NotAHostname)
+                ),
+                "{not_host}"
+            );
+        }
     }
 
     #[test]

@@ -13,6 +13,10 @@ use weft_state::{Resolved, TunnelProtocol};
 use crate::conn::{Halves, Via};
 use crate::{Inner, headers, socket};
 
+mod gateway;
+
+pub(crate) use gateway::FORWARDED_NETWORK;
+
 /// Pool key: one HTTP/2 connection serves one (source identity, accepted destination identities, source IP,
 /// destination).
 ///
@@ -244,7 +248,7 @@ impl Inner {
                 OutboundError::Unroutable(format!("{dst} is a weft port")),
             ));
         }
-        let resolved: Resolved = match state.resolve(dst) {
+        let resolved: Resolved = match state.resolve_from(src_wl.as_deref(), dst) {
             Ok(r) => r,
             Err(e) => {
                 return Err(fail(
@@ -271,8 +275,34 @@ impl Inner {
             ));
         }
         let record = Arc::new(record);
-        let dst_wl = match (&resolved.workload, record.hbone) {
-            (Some(w), true) if w.protocol == TunnelProtocol::Hbone => w.clone(),
+        // Who terminates the (outer) tunnel, where it is, and which extra identities it may present: the network
+        // gateway when the destination (or its waypoint) is on another network; else the destination's waypoint
+        // when it has one (transport policy above has already run: the waypoint gets only what the client side
+        // allowed); else the destination workload itself on its node's HBONE port.
+        let (dst_wl, hbone_addr, extra_sans) = match (
+            resolved
+                .network_gateway
+                .as_ref()
+                .or(resolved.waypoint.as_ref()),
+            &resolved.workload,
+        ) {
+            (Some(wp), _) => (
+                wp.workload.clone(),
+                wp.addr,
+                wp.service
+                    .as_ref()
+                    .map(|s| s.subject_alt_names.clone())
+                    .unwrap_or_default(),
+            ),
+            (None, Some(w)) if w.protocol == TunnelProtocol::Hbone => (
+                w.clone(),
+                SocketAddr::new(resolved.addr.ip(), self.cfg.hbone_port),
+                resolved
+                    .service
+                    .as_ref()
+                    .map(|s| s.subject_alt_names.clone())
+                    .unwrap_or_default(),
+            ),
             _ => {
                 // Plain TCP: a TCP workload, or a destination outside the mesh.
                 let bind = src_wl
@@ -351,14 +381,7 @@ impl Inner {
         })?;
         // Every identity the verifier will accept; the pool key holds the same set.
         let mut accepted = vec![dst_id];
-        if let Some(svc) = &resolved.service {
-            accepted.extend(
-                svc.subject_alt_names
-                    .iter()
-                    .filter_map(|s| s.parse::<SpiffeId>().ok()),
-            );
-        }
-        let hbone_addr = SocketAddr::new(resolved.addr.ip(), self.cfg.hbone_port);
+        accepted.extend(extra_sans.iter().filter_map(|s| s.parse::<SpiffeId>().ok()));
         let cert =
             match tokio::time::timeout(self.cfg.identity_timeout, self.identity.fetch(&src_id))
                 .await
@@ -384,8 +407,26 @@ impl Inner {
         let src_ip = self.cfg.bind_source_ip.then_some(src.ip());
         let key = PoolKey::new(src_id, accepted, src_ip, hbone_addr);
         let expected = key.dst_ids.to_vec();
+        // Through a network gateway both tunnels name the service by hostname and port (the endpoint's address
+        // means nothing on this network); the inner one also says which network the client is on.
+        let inner = match (&resolved.network_gateway, &resolved.service) {
+            (Some(_), Some(svc)) => Some(gateway::InnerTunnel::new(
+                svc,
+                gateway::inner_identities(
+                    svc,
+                    resolved.waypoint.as_ref(),
+                    resolved.workload.as_deref(),
+                ),
+                &src_wl.network,
+                dst.port(),
+                cert.clone(),
+            )),
+            _ => None,
+        };
         let req = ConnectRequest {
-            authority: resolved.addr.to_string(),
+            authority: inner
+                .as_ref()
+                .map_or_else(|| resolved.addr.to_string(), |i| i.authority.clone()),
             headers: headers::connect_headers(
                 src,
                 Some(&src_wl.meta),
@@ -421,8 +462,28 @@ impl Inner {
                 }),
             }
         };
-        match self.pool.connect(key, req, connect).await {
-            Ok((stream, _headers)) => Ok(Established {
+        let inner_headers = req.headers.clone();
+        let tunnel = async {
+            let (outer, _headers) = self.pool.connect(key, req, connect).await?;
+            match inner {
+                None => Ok(outer),
+                Some(i) => {
+                    let after = self.cfg.connect_timeout;
+                    let open = i.open(outer, inner_headers, hbone_addr, &self.cfg.h2);
+                    match tokio::time::timeout(after, open).await {
+                        Ok(r) => r,
+                        Err(_) => Err(weft_hbone::Error::ConnectFailed(Arc::new(
+                            DialError::Timeout {
+                                addr: hbone_addr,
+                                after,
+                            },
+                        ))),
+                    }
+                }
+            }
+        };
+        match tunnel.await {
+            Ok(stream) => Ok(Established {
                 record,
                 epoch,
                 upstream: Upstream::Hbone(stream, hbone_addr),
@@ -538,3 +599,5 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod waypoint_tests;

@@ -4,6 +4,7 @@
 //! each with its own contribution, checked by the same functions (`validate`), and Istio's xDS resources converted
 //! into the model (`xds`).
 
+mod balance;
 pub mod local;
 pub mod mesh;
 pub mod model;
@@ -15,7 +16,7 @@ pub mod watch;
 pub mod xds;
 
 pub use local::{ConfigError, LocalConfig};
-pub use mesh::{MeshState, ResolveError, Resolved};
+pub use mesh::{DEFAULT_WAYPOINT_PORT, MeshState, ResolveError, Resolved, WaypointHop};
 pub use model::*;
 pub use sources::{
     Change, Collection, FILE_PRECEDENCE, LOCAL_FILE, Resource, SourceCounts, XDS_PRECEDENCE,

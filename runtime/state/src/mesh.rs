@@ -5,7 +5,13 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::balance;
 use crate::model::{PluginSpec, Policy, Service, TunnelProtocol, Workload};
+use crate::topology::LbMode;
+
+mod waypoint;
+
+pub use waypoint::{DEFAULT_WAYPOINT_PORT, WaypointHop};
 
 /// One consistent view of the mesh. Built once per config change and shared read-only.
 #[derive(Debug, Default)]
@@ -35,16 +41,25 @@ pub struct Resolved {
     pub workload: Option<Arc<Workload>>,
     /// The service, when a service VIP was targeted.
     pub service: Option<Arc<Service>>,
-    /// The address to reach: workload IP and target port (or the original address for unknown destinations).
+    /// The address to reach: workload IP and target port (or the original address for unknown destinations and
+    /// for traffic handed to a waypoint, whose CONNECT authority it is).
     pub addr: SocketAddr,
+    /// The waypoint the connection must go through, if any.
+    pub waypoint: Option<WaypointHop>,
+    /// The network gateway the connection must go through (the endpoint picked is on another network than the
+    /// client's: HBONE inside HBONE, the inner tunnel to the endpoint, by service hostname), if any.
+    pub network_gateway: Option<WaypointHop>,
 }
 
 impl Resolved {
     /// Whether the destination must be reached over HBONE.
     pub fn is_hbone(&self) -> bool {
-        self.workload
-            .as_ref()
-            .is_some_and(|w| w.protocol == TunnelProtocol::Hbone)
+        self.waypoint.is_some()
+            || self.network_gateway.is_some()
+            || self
+                .workload
+                .as_ref()
+                .is_some_and(|w| w.protocol == TunnelProtocol::Hbone)
     }
 }
 
@@ -54,6 +69,32 @@ pub enum ResolveError {
     /// A service VIP with no healthy endpoint.
     #[error("service {0} has no healthy endpoint")]
     NoHealthyEndpoint(String),
+    /// A destination's waypoint is not in the state (or, as a service, has no instance serving its HBONE port).
+    #[error("unknown waypoint {0}")]
+    UnknownWaypoint(String),
+    /// A destination's waypoint instance has no address.
+    #[error("waypoint {0} has no address")]
+    WaypointWithoutAddress(String),
+    /// A workload's waypoint is on another network (only a service's waypoint is reached through a network gateway,
+    /// as in ztunnel).
+    #[error("waypoint {waypoint} is on network {network:?}, not the client's")]
+    WaypointOnOtherNetwork {
+        /// The waypoint.
+        waypoint: String,
+        /// Its network.
+        network: String,
+    },
+    /// An endpoint on another network without a network gateway.
+    #[error("workload {workload} is on network {network:?} and has no network gateway")]
+    NoNetworkGateway {
+        /// The endpoint.
+        workload: String,
+        /// Its network.
+        network: String,
+    },
+    /// A network gateway is not in the state, or has no usable instance or address.
+    #[error("unknown network gateway {0}")]
+    UnknownNetworkGateway(String),
     /// A service VIP whose port is not declared.
     #[error("service {service} has no port {port}")]
     UnknownServicePort {
@@ -163,48 +204,133 @@ impl MeshState {
         self.workloads.values().filter(move |w| w.node == node)
     }
 
-    /// Resolve an original destination: a workload IP, a service VIP (→ a healthy endpoint, round robin, with the
-    /// endpoint's target port), or an address outside the mesh (passed through as is).
+    /// Resolve an original destination as seen by no particular client (see [`MeshState::resolve_from`]).
     pub fn resolve(&self, dst: SocketAddr) -> Result<Resolved, ResolveError> {
+        self.resolve_from(None, dst)
+    }
+
+    /// Resolve an original destination for the client workload `src` (when known): a workload IP, a service VIP
+    /// (→ an endpoint of the best locality tier for `src`, round robin, with the endpoint's target port; or the
+    /// original address for a PASSTHROUGH service), or an address outside the mesh (passed through as is).
+    pub fn resolve_from(
+        &self,
+        src: Option<&Workload>,
+        dst: SocketAddr,
+    ) -> Result<Resolved, ResolveError> {
         if let Some(svc) = self.by_vip.get(&dst.ip()) {
-            let key = svc.key();
-            let Some(&svc_target) = svc.ports.get(&dst.port()) else {
-                return Err(ResolveError::UnknownServicePort {
-                    service: key,
-                    port: dst.port(),
+            // Service-addressed: the service's waypoint, if it has one (a workload's own waypoint is for traffic
+            // addressed to the workload: Istio sets each one by the waypoint's traffic type).
+            if let Some(gw) = self.service_waypoint(svc) {
+                let hop = self.waypoint_hop(gw, src, true)?;
+                // A waypoint on another network is reached through that network's gateway (double HBONE).
+                let network_gateway = match src {
+                    Some(src) if src.network != hop.workload.network => {
+                        let Some(ngw) = &hop.workload.network_gateway else {
+                            return Err(ResolveError::NoNetworkGateway {
+                                workload: hop.workload.uid.clone(),
+                                network: hop.workload.network.clone(),
+                            });
+                        };
+                        Some(self.gateway_hop(ngw)?)
+                    }
+                    _ => None,
+                };
+                return Ok(Resolved {
+                    workload: None,
+                    service: Some(svc.clone()),
+                    addr: dst,
+                    waypoint: Some(hop),
+                    network_gateway,
+                });
+            }
+            return self.resolve_service(src, svc, dst);
+        }
+        let workload = self.by_ip.get(&dst.ip()).cloned();
+        let waypoint = match &workload {
+            Some(w) if !self.is_from_waypoint(w, src) => match &w.waypoint {
+                Some(gw) => Some(self.waypoint_hop(gw, src, false)?),
+                None => None,
+            },
+            _ => None,
+        };
+        Ok(Resolved {
+            workload,
+            service: None,
+            addr: dst,
+            waypoint,
+            network_gateway: None,
+        })
+    }
+
+    fn resolve_service(
+        &self,
+        src: Option<&Workload>,
+        svc: &Arc<Service>,
+        dst: SocketAddr,
+    ) -> Result<Resolved, ResolveError> {
+        if svc
+            .load_balancing
+            .as_ref()
+            .is_some_and(|lb| lb.mode == LbMode::Passthrough)
+        {
+            // No endpoint picking: the client's own destination, as it dialled it.
+            return Ok(Resolved {
+                workload: None,
+                service: Some(svc.clone()),
+                addr: dst,
+                waypoint: None,
+                network_gateway: None,
+            });
+        }
+        let key = svc.key();
+        let Some(&svc_target) = svc.ports.get(&dst.port()) else {
+            return Err(ResolveError::UnknownServicePort {
+                service: key,
+                port: dst.port(),
+            });
+        };
+        let eligible = self
+            .endpoints_of(&key)
+            .iter()
+            .filter(|w| balance::eligible(svc, w, src));
+        let tier = balance::best_tier(src, svc, eligible);
+        let turn = self.rr.fetch_add(1, Ordering::Relaxed);
+        let Some(pick) = balance::pick(&tier, turn) else {
+            return Err(ResolveError::NoHealthyEndpoint(key));
+        };
+        if let Some(src) = src
+            && pick.network != src.network
+        {
+            // Another network: through the endpoint's network gateway, to the service by hostname and port.
+            let Some(gw) = &pick.network_gateway else {
+                return Err(ResolveError::NoNetworkGateway {
+                    workload: pick.uid.clone(),
+                    network: pick.network.clone(),
                 });
             };
-            let candidates: Vec<&Arc<Workload>> = self
-                .endpoints
-                .get(&key)
-                .map(|v| {
-                    v.iter()
-                        .filter(|w| w.healthy && !w.addresses.is_empty())
-                        .collect()
-                })
-                .unwrap_or_default();
-            if candidates.is_empty() {
-                return Err(ResolveError::NoHealthyEndpoint(key));
-            }
-            let pick = candidates[self.rr.fetch_add(1, Ordering::Relaxed) % candidates.len()];
-            // The endpoint's own port map wins; then the service's target port; then the service port.
-            let port = pick
-                .services
-                .get(&key)
-                .and_then(|m| m.get(&dst.port()).copied())
-                .filter(|p| *p != 0)
-                .or(Some(svc_target).filter(|p| *p != 0))
-                .unwrap_or(dst.port());
+            let hop = self.gateway_hop(gw)?;
             return Ok(Resolved {
                 workload: Some(pick.clone()),
                 service: Some(svc.clone()),
-                addr: SocketAddr::new(pick.addresses[0], port),
+                addr: dst,
+                waypoint: None,
+                network_gateway: Some(hop),
             });
         }
+        // The endpoint's own port map wins; then the service's target port; then the service port.
+        let port = pick
+            .services
+            .get(&key)
+            .and_then(|m| m.get(&dst.port()).copied())
+            .filter(|p| *p != 0)
+            .or(Some(svc_target).filter(|p| *p != 0))
+            .unwrap_or(dst.port());
         Ok(Resolved {
-            workload: self.by_ip.get(&dst.ip()).cloned(),
-            service: None,
-            addr: dst,
+            workload: Some(pick.clone()),
+            service: Some(svc.clone()),
+            addr: SocketAddr::new(pick.addresses[0], port),
+            waypoint: None,
+            network_gateway: None,
         })
     }
 }

@@ -44,7 +44,7 @@ pub struct Workload {
     pub protocol: TunnelProtocol,
     /// The node it runs on.
     pub node: String,
-    /// Its waypoint, if it has one (kept for the model; weft does not route via waypoints yet).
+    /// Its waypoint, if it has one: traffic addressed to this workload goes through it.
     pub waypoint: Option<GatewayAddress>,
     /// The gateway that reaches it from other networks.
     pub network_gateway: Option<GatewayAddress>,
@@ -161,9 +161,9 @@ pub struct Service {
     pub visibility: Visibility,
     /// Preferred over same-hostname services of other namespaces (the client's own namespace wins first).
     pub canonical: bool,
-    /// Its waypoint, if it has one.
+    /// Its waypoint, if it has one: traffic addressed to the service goes through it.
     pub waypoint: Option<GatewayAddress>,
-    /// Weighted waypoints.
+    /// Weighted waypoints (preferred over `waypoint` when their weights sum above 0).
     pub weighted_waypoints: Vec<WeightedWaypoint>,
     /// Load-balancing settings.
     pub load_balancing: Option<LoadBalancing>,

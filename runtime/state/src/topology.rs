@@ -1,6 +1,7 @@
 //! Where workloads and services sit and how their traffic may be steered, as the control plane describes it:
-//! waypoints and network gateways, locality, load-balancing preferences, workload kind and network mode. Data only
-//! for now: routing through waypoints and locality-aware picking are issue #12.
+//! waypoints and network gateways, locality, load-balancing preferences, workload kind and network mode. Routing
+//! through waypoints is in `mesh::waypoint`, locality-aware picking in `balance`; network
+//! gateways in `mesh` (an endpoint or service waypoint on another network).
 
 use std::fmt;
 use std::net::IpAddr;

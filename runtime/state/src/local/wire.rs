@@ -250,7 +250,7 @@ pub(crate) struct WeightedWaypointWire {
     pub weight: u32,
 }
 
-/// ztunnel's `LoadBalancer` (kept in the model; weft round-robins over healthy endpoints until issue #12).
+/// ztunnel's `LoadBalancer` (routing preferences, mode, health policy).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct LoadBalancerWire {

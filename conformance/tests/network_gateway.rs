@@ -1,0 +1,260 @@
+//! Double HBONE through a network gateway with real weft processes: node A's client (network net1) reaches the echo
+//! service whose endpoint is on node B in network net2. Node A opens HBONE to net2's gateway (a weft-hbone
+//! stand-in with the gateway's identity, which forwards the tunnel's bytes to the remote node) with the service
+//! `hostname:port` as the authority, and inside it a second mutual-TLS HBONE to the endpoint's node: node B sees the
+//! client's own identity, from the gateway's address, for the service by hostname.
+#![allow(clippy::unwrap_used)] // a test panics to fail
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use weft_conformance::waypoint::{Route, WaypointStandIn};
+use weft_conformance::{Addrs, Mesh, eventually};
+use weft_devmesh::{socks5, workload};
+use weft_identity::SpiffeId;
+
+fn gateway_ip(a: Addrs) -> Ipv4Addr {
+    Ipv4Addr::new(127, 0, a.n, 60)
+}
+
+fn yaml(a: Addrs, gateway: &str) -> String {
+    format!(
+        r#"workloads:
+- uid: client
+  name: client
+  namespace: default
+  serviceAccount: client
+  workloadIps: [{client}]
+  protocol: HBONE
+  node: node-a
+  network: net1
+- uid: echo
+  name: echo
+  namespace: default
+  serviceAccount: echo
+  workloadIps: [{echo}]
+  protocol: HBONE
+  node: node-b
+  network: net2
+  {gateway}
+  services: {{default/echo.default.svc.cluster.local: {{80: 8080}}}}
+- uid: eastwest
+  name: eastwest
+  namespace: istio-system
+  serviceAccount: eastwest
+  workloadIps: [{gw}]
+  protocol: HBONE
+  node: gateway-node
+  network: net2
+services:
+- name: echo
+  namespace: default
+  hostname: echo.default.svc.cluster.local
+  vips: ["/{vip}"]
+  ports: {{80: 8080}}
+  subjectAltNames: [spiffe://cluster.local/ns/default/sa/echo]
+"#,
+        client = a.client(),
+        echo = a.echo(),
+        gw = gateway_ip(a),
+        vip = a.vip(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_on_another_network_is_reached_by_hbone_inside_hbone() {
+    let a = Addrs { n: 204 };
+    let gw = format!(
+        "networkGateway: {{destination: \"net2/{}\", hboneMtlsPort: 15008}}",
+        gateway_ip(a)
+    );
+    let text = yaml(a, &gw);
+    let mesh = Mesh::start(a, &text, &text).await.unwrap();
+    let authority = "echo.default.svc.cluster.local:80";
+    let routes = HashMap::from([(
+        authority.to_owned(),
+        Route::Raw(SocketAddr::from((a.echo(), 15008))),
+    )]);
+    let gw_id: SpiffeId = "spiffe://cluster.local/ns/istio-system/sa/eastwest"
+        .parse()
+        .unwrap();
+    let gateway = WaypointStandIn::start(IpAddr::V4(gateway_ip(a)), &mesh.ca_dir(), gw_id, routes)
+        .await
+        .unwrap();
+    let vip = SocketAddr::from((a.vip(), 80));
+    let client = IpAddr::V4(a.client());
+    for payload in [&b"first"[..], &b"second, a new inner tunnel"[..]] {
+        let s = socks5::connect(mesh.a.socks5, Some(client), vip)
+            .await
+            .unwrap();
+        assert_eq!(workload::round_trip(s, payload).await.unwrap(), payload);
+    }
+    let seen = gateway.seen();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    for s in &seen {
+        assert_eq!(s.authority, authority, "the outer tunnel names the service");
+        assert_eq!(
+            s.peer_identity, "spiffe://cluster.local/ns/default/sa/client",
+            "the gateway verified the client's node"
+        );
+    }
+    let logs = eventually(Duration::from_secs(30), "node B's inbound logs", || async {
+        let l: Vec<_> = mesh
+            .b
+            .access_logs()
+            .into_iter()
+            .filter(|l| l["direction"] == "inbound")
+            .collect();
+        (l.len() >= 2).then_some(l)
+    })
+    .await;
+    for l in &logs {
+        assert_eq!(
+            l["src.identity"], "spiffe://cluster.local/ns/default/sa/client",
+            "the inner TLS is the client's, end to end: {l}"
+        );
+        assert_eq!(
+            l["src.addr"].as_str().unwrap().split(':').next().unwrap(),
+            gateway_ip(a).to_string(),
+            "{l}"
+        );
+        assert_eq!(
+            l["src.workload"], "",
+            "a source on another network is not looked up: {l}"
+        );
+        assert_eq!(
+            l["dst.service"], "default/echo.default.svc.cluster.local",
+            "{l}"
+        );
+        assert_eq!(l["dst.addr"], format!("{}:8080", a.echo()), "{l}");
+    }
+    // Without a network gateway the remote endpoint is refused, never dialled across networks.
+    let v0 = mesh.a.config_dump().await.unwrap()["version"]
+        .as_u64()
+        .unwrap();
+    std::fs::write(&mesh.config_a, yaml(a, "")).unwrap();
+    eventually(
+        Duration::from_secs(30),
+        "node A applies the edit",
+        || async {
+            let v = mesh.a.config_dump().await.ok()?["version"].as_u64()?;
+            (v > v0).then_some(())
+        },
+    )
+    .await;
+    let refused = match socks5::connect(mesh.a.socks5, Some(client), vip).await {
+        Err(_) => true,
+        Ok(s) => workload::round_trip(s, b"x")
+            .await
+            .map(|b| b.is_empty())
+            .unwrap_or(true),
+    };
+    assert!(refused);
+    eventually(
+        Duration::from_secs(30),
+        "node A's log names the missing gateway",
+        || async {
+            mesh.a
+                .log_lines()
+                .iter()
+                .any(|l| l.to_string().contains("has no network gateway"))
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(gateway.seen().len(), 2);
+}
+
+/// The echo service's waypoint is on network net2 (behind its gateway): node A opens HBONE to the gateway and,
+/// inside it, HBONE to the waypoint (which must prove the waypoint's identity); the waypoint takes it on to echo.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_waypoint_on_another_network_is_reached_through_the_gateway() {
+    let a = Addrs { n: 206 };
+    let wp_ip = Ipv4Addr::new(127, 0, a.n, 70);
+    let text = yaml(a, "").replace(
+        "  subjectAltNames: [spiffe://cluster.local/ns/default/sa/echo]\n",
+        "  subjectAltNames: [spiffe://cluster.local/ns/default/sa/echo]\n  waypoint: {destination: default/waypoint.default.svc.cluster.local}\n",
+    ) + &format!(
+        r#"- name: waypoint
+  namespace: default
+  hostname: waypoint.default.svc.cluster.local
+  vips: ["/127.10.{n}.70"]
+  ports: {{15008: 15008}}
+"#,
+        n = a.n
+    );
+    let text = text.replace(
+        "services:\n- name: echo",
+        &format!(
+            r#"- uid: waypoint
+  name: waypoint
+  namespace: default
+  serviceAccount: waypoint
+  workloadIps: [{wp_ip}]
+  protocol: HBONE
+  node: waypoint-node
+  network: net2
+  networkGateway: {{destination: "net2/{gw}", hboneMtlsPort: 15008}}
+  services: {{default/waypoint.default.svc.cluster.local: {{15008: 15008}}}}
+services:
+- name: echo"#,
+            gw = gateway_ip(a)
+        ),
+    );
+    let mesh = Mesh::start(a, &text, &text).await.unwrap();
+    let authority = "echo.default.svc.cluster.local:80";
+    let id = |ns: &str, sa: &str| -> SpiffeId {
+        format!("spiffe://cluster.local/ns/{ns}/sa/{sa}")
+            .parse()
+            .unwrap()
+    };
+    let gateway = WaypointStandIn::start(
+        IpAddr::V4(gateway_ip(a)),
+        &mesh.ca_dir(),
+        id("istio-system", "eastwest"),
+        HashMap::from([(
+            authority.to_owned(),
+            Route::Raw(SocketAddr::from((wp_ip, 15008))),
+        )]),
+    )
+    .await
+    .unwrap();
+    let waypoint = WaypointStandIn::start(
+        IpAddr::V4(wp_ip),
+        &mesh.ca_dir(),
+        id("default", "waypoint"),
+        HashMap::from([(
+            authority.to_owned(),
+            Route::Hbone(SocketAddr::from((a.echo(), 8080)), id("default", "echo")),
+        )]),
+    )
+    .await
+    .unwrap();
+    let s = socks5::connect(
+        mesh.a.socks5,
+        Some(IpAddr::V4(a.client())),
+        SocketAddr::from((a.vip(), 80)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:?}: {}", mesh.a.log_tail(6)));
+    assert_eq!(
+        workload::round_trip(s, b"across networks via the waypoint")
+            .await
+            .unwrap(),
+        b"across networks via the waypoint"
+    );
+    let (outer, inner) = (gateway.seen(), waypoint.seen());
+    assert_eq!(outer.len(), 1, "{outer:?}");
+    assert_eq!(outer[0].authority, authority);
+    assert_eq!(inner.len(), 1, "{inner:?}");
+    assert_eq!(
+        inner[0].authority, authority,
+        "the inner tunnel names the service too"
+    );
+    assert_eq!(
+        inner[0].peer_identity, "spiffe://cluster.local/ns/default/sa/client",
+        "the waypoint verified the client itself through the gateway"
+    );
+    assert_eq!(inner[0].peer.ip(), IpAddr::V4(gateway_ip(a)));
+}
