@@ -84,7 +84,11 @@ async fn run_node(
     root: String,
     seen: mpsc::UnboundedSender<Seen>,
     synced: mpsc::UnboundedSender<usize>,
+    permit: tokio::sync::OwnedSemaphorePermit,
 ) {
+    // The permit bounds the connects in flight; it goes once this node is synced (held for the node's whole life,
+    // only the first permits' worth of nodes would ever connect).
+    let mut permit = Some(permit);
     let name = format!("node-{i}");
     let mut c = AdsClient::open(
         channel(addr, &root),
@@ -109,6 +113,7 @@ async fn run_node(
         answered += 1;
         if answered == 3 {
             let _ = synced.send(i);
+            permit.take();
         }
     }
 }
@@ -192,10 +197,7 @@ fn main() {
             let (root, seen_tx, synced_tx, gate) =
                 (root.clone(), seen_tx.clone(), synced_tx.clone(), gate.clone());
             let permit = gate.acquire_owned().await.unwrap();
-            tokio::spawn(async move {
-                let _permit = permit;
-                run_node(i, addr, root, seen_tx, synced_tx).await;
-            });
+            tokio::spawn(run_node(i, addr, root, seen_tx, synced_tx, permit));
         }
         for _ in 0..nodes {
             tokio::time::timeout(Duration::from_secs(120), synced.recv())
