@@ -5,6 +5,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
 pub use weft_devmesh::control::{Control, free_port, node_token, plugin_xds_flags, xds_flags};
 use weft_devmesh::{NodeOptions, NodeProcess, workload};
 
@@ -152,4 +154,28 @@ pub fn has_workload(dump: &serde_json::Value, uid: &str) -> bool {
     dump["workloads"]
         .as_array()
         .is_some_and(|ws| ws.iter().any(|w| w["uid"] == uid))
+}
+
+/// One echo round trip from the client workload through `node` to `dst`.
+pub async fn echo_once(node: &NodeProcess, a: crate::Addrs, dst: SocketAddr) -> Result<(), String> {
+    let s = weft_devmesh::socks5::connect(node.socks5, Some(IpAddr::V4(a.client())), dst)
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    let back = weft_devmesh::workload::round_trip(s, b"ping through the mesh")
+        .await
+        .map_err(|e| e.to_string())?;
+    (back == b"ping through the mesh")
+        .then_some(())
+        .ok_or_else(|| "echo corrupted".to_owned())
+}
+
+/// Write to a live echo connection and read the echo back (30 s bound).
+pub async fn ping(s: &mut tokio::net::TcpStream) -> std::io::Result<()> {
+    s.write_all(b"live").await?;
+    let mut b = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(30), s.read_exact(&mut b))
+        .await
+        .map_err(|_| std::io::Error::other("no echo within 30 s"))??;
+    assert_eq!(&b, b"live");
+    Ok(())
 }

@@ -6,8 +6,10 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use weft_conformance::xdsmesh::{XdsMesh, has_workload, mesh_source, until_dump, xds_flags};
+use tokio::io::AsyncReadExt as _;
+use weft_conformance::xdsmesh::{
+    XdsMesh, echo_once, has_workload, mesh_source, ping, until_dump, xds_flags,
+};
 use weft_conformance::{Addrs, eventually, mesh_yaml};
 use weft_devmesh::{NodeOptions, NodeProcess, socks5, workload};
 
@@ -45,34 +47,12 @@ fn deny_client() -> &'static str {
      - - - principals: [!Exact cluster.local/ns/default/sa/client]\n"
 }
 
-async fn echo_once(node: &NodeProcess, a: Addrs, dst: SocketAddr) -> Result<(), String> {
-    let s = socks5::connect(node.socks5, Some(IpAddr::V4(a.client())), dst)
-        .await
-        .map_err(|e| format!("{e:?}"))?;
-    let back = workload::round_trip(s, b"ping through the mesh")
-        .await
-        .map_err(|e| e.to_string())?;
-    (back == b"ping through the mesh")
-        .then_some(())
-        .ok_or_else(|| "echo corrupted".to_owned())
-}
-
 async fn open(node: &NodeProcess, a: Addrs, dst: SocketAddr) -> tokio::net::TcpStream {
     let mut s = socks5::connect(node.socks5, Some(IpAddr::V4(a.client())), dst)
         .await
         .unwrap();
     ping(&mut s).await.unwrap();
     s
-}
-
-async fn ping(s: &mut tokio::net::TcpStream) -> std::io::Result<()> {
-    s.write_all(b"live").await?;
-    let mut b = [0u8; 4];
-    tokio::time::timeout(Duration::from_secs(30), s.read_exact(&mut b))
-        .await
-        .map_err(|_| std::io::Error::other("no echo within 30 s"))??;
-    assert_eq!(&b, b"live");
-    Ok(())
 }
 
 fn all_echo_ips(a: Addrs) -> Vec<IpAddr> {
@@ -198,16 +178,22 @@ async fn a_new_authorization_applies_to_the_next_connection_and_rechecks_live_on
         l["error"].as_str().unwrap().contains("default/deny-client"),
         "{l}"
     );
-    // The ACK came once the policy was in force, so the next connection is denied.
-    let src = mesh_source(&mesh.b).await.unwrap();
-    let auth = src["types"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["typeUrl"] == weft_proto::type_url::AUTHORIZATION)
-        .unwrap()
-        .clone();
-    assert!(auth["acks"].as_u64().unwrap() >= 2, "{auth}");
+    // The ACK goes out once the policy is in force (the re-check above ran just before it is counted: wait for
+    // it), and the next connection is denied.
+    let auth = eventually(
+        Duration::from_secs(30),
+        "the Authorization ACKed",
+        || async {
+            let src = mesh_source(&mesh.b).await?;
+            src["types"]
+                .as_array()?
+                .iter()
+                .find(|t| t["typeUrl"] == weft_proto::type_url::AUTHORIZATION)
+                .filter(|t| t["acks"].as_u64().unwrap_or(0) >= 2)
+                .cloned()
+        },
+    )
+    .await;
     assert_eq!(auth["resources"], 1, "{auth}");
     let r = socks5::connect(mesh.a.socks5, Some(IpAddr::V4(a.client())), echo).await;
     assert!(matches!(r, Err(socks5::Socks5Error::Reply(2))), "{r:?}");

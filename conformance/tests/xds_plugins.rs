@@ -10,10 +10,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use weft_conformance::xdsmesh::{MeshOptions, XdsMesh, until_dump};
+use weft_conformance::xdsmesh::{MeshOptions, XdsMesh, echo_once, ping, until_dump};
 use weft_conformance::{Addrs, eventually, mesh_yaml};
-use weft_devmesh::{NodeProcess, socks5, workload};
+use weft_devmesh::{NodeProcess, socks5};
 use weft_plugin_host::testing::build_plugin;
 
 fn wasm(name: &str) -> PathBuf {
@@ -72,28 +71,6 @@ async fn until_serving(node: &NodeProcess, name: &str, sha: &str) -> Value {
         plugin(d, name).is_some_and(|p| p["sha256"] == sha && p["state"] == "serving")
     })
     .await
-}
-
-async fn echo_once(node: &NodeProcess, a: Addrs, dst: SocketAddr) -> Result<(), String> {
-    let s = socks5::connect(node.socks5, Some(IpAddr::V4(a.client())), dst)
-        .await
-        .map_err(|e| format!("{e:?}"))?;
-    let back = workload::round_trip(s, b"ping through the mesh")
-        .await
-        .map_err(|e| e.to_string())?;
-    (back == b"ping through the mesh")
-        .then_some(())
-        .ok_or_else(|| "echo corrupted".to_owned())
-}
-
-async fn ping(s: &mut tokio::net::TcpStream) -> std::io::Result<()> {
-    s.write_all(b"live").await?;
-    let mut b = [0u8; 4];
-    tokio::time::timeout(Duration::from_secs(30), s.read_exact(&mut b))
-        .await
-        .map_err(|_| std::io::Error::other("no echo within 30 s"))??;
-    assert_eq!(&b, b"live");
-    Ok(())
 }
 
 /// A mesh whose plugins come from `weft control`'s directory (returned too).
