@@ -2,6 +2,7 @@
 //! test, so tests run in parallel), with echo workloads; the tests live in `tests/`.
 
 pub mod cni;
+pub mod dig;
 pub mod load;
 pub mod netmesh;
 pub mod podmesh;

@@ -4,81 +4,12 @@
 //! refused for sources that are not this node's mesh workloads, and a malformed query that leaves it serving.
 #![allow(clippy::unwrap_used)] // a test panics to fail
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::process::Command;
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
+use weft_conformance::dig::{data, dig};
 use weft_conformance::{Addrs, Mesh, eventually, mesh_yaml, metric_sum};
 use weft_devmesh::dns::{RecordType, Upstream};
-
-/// What dig printed: the status, the header flags and the answer records (name, ttl, type, data).
-#[derive(Debug)]
-struct Dig {
-    status: String,
-    flags: Vec<String>,
-    answers: Vec<(String, u32, String, String)>,
-}
-
-/// `dig` at `server` from `src` with `args`; one try, a generous timeout (an answer ends the wait).
-fn dig(server: SocketAddr, src: Ipv4Addr, args: &[&str]) -> Dig {
-    let out = Command::new("dig")
-        .arg(format!("@{}", server.ip()))
-        .args(["-p", &server.port().to_string(), "-b", &src.to_string()])
-        .args(["+tries=1", "+time=30", "+noall", "+comments", "+answer"])
-        .args(args)
-        .output()
-        .expect("dig (Debian's dnsutils; .ci/run installs it)");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "dig {args:?} failed: {text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let status = text
-        .split("status: ")
-        .nth(1)
-        .and_then(|r| r.split(',').next())
-        .unwrap_or_else(|| panic!("no status in {text}"))
-        .to_owned();
-    let flags = text
-        .split(";; flags: ")
-        .nth(1)
-        .and_then(|r| r.split(';').next())
-        .unwrap_or("")
-        .split_whitespace()
-        .map(str::to_owned)
-        .collect();
-    let answers = text
-        .lines()
-        .filter(|l| !l.starts_with(';') && !l.trim().is_empty())
-        .map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            assert!(f.len() >= 5, "odd answer line {l:?}");
-            (
-                f[0].to_owned(),
-                f[1].parse().unwrap(),
-                f[3].to_owned(),
-                f[4].to_owned(),
-            )
-        })
-        .collect();
-    Dig {
-        status,
-        flags,
-        answers,
-    }
-}
-
-fn data(d: &Dig, rtype: &str) -> Vec<String> {
-    let mut v: Vec<String> = d
-        .answers
-        .iter()
-        .filter(|a| a.2 == rtype)
-        .map(|a| a.3.clone())
-        .collect();
-    v.sort();
-    v
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dig_against_a_running_node() {

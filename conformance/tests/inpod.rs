@@ -632,3 +632,123 @@ async fn upgrade_overlap_loses_no_connection() {
         t.errors
     );
 }
+
+/// The per-pod DNS proxy: `dig` inside the client pod asks "the cluster's DNS server" on port 53 and istio-cni's
+/// pod rules redirect it to weft's 15053 on the pod's loopback. Mesh names are answered from the mesh state (UDP
+/// and TCP, the pod's namespace for short names); other names are forwarded, from inside the pod (the upstream
+/// sees the pod's address), to the node's resolver; a deleted pod's DNS listener is closed with the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pod_dns_proxy_answers_mesh_names_and_forwards_from_the_pod() {
+    use weft_conformance::dig::{data, dig_from};
+    use weft_devmesh::dns::{RecordType, Upstream};
+
+    let net = 236;
+    let m = mesh("if", net);
+    let vip = "10.96.7.7";
+    let yaml = std::fs::read_to_string(m.dir.path().join("mesh.yaml")).unwrap()
+        + &format!(
+            "services:\n- name: echo\n  namespace: default\n  hostname: echo.default.svc.cluster.local\n  vips: [\"/{vip}\"]\n  ports:\n    80: 8080\n"
+        );
+    std::fs::write(m.dir.path().join("mesh.yaml"), yaml).unwrap();
+    // The node's resolver, on node A's side of the client pod's link.
+    let resolver_ip = std::net::Ipv4Addr::new(10, net, 1, 1);
+    let (up_tx, up_rx) = std::sync::mpsc::channel();
+    let (keep_tx, keep_rx) = tokio::sync::oneshot::channel::<()>();
+    let _resolver = m.nodes.a.run(move || async move {
+        let up = Upstream::start(
+            resolver_ip.into(),
+            &[(
+                "www.example.org.",
+                300,
+                vec![std::net::Ipv4Addr::new(192, 0, 2, 80)],
+            )],
+        )
+        .await
+        .unwrap();
+        up_tx.send(up).unwrap();
+        let _ = keep_rx.await;
+    });
+    let up = up_rx.recv_timeout(WAIT).unwrap();
+    let upstream = up.addr.to_string();
+    let a = m
+        .start_node_with(false, "127.0.0.1", "a", &["--dns-upstream", &upstream])
+        .await;
+    let _b = m.start_node(true, "127.0.0.1", "b").await;
+
+    let pod_ns = m.client.ns.name.clone();
+    let cluster_dns: SocketAddr = "10.96.0.10:53".parse().unwrap();
+    let ask = move |args: Vec<String>| {
+        let pod_ns = pod_ns.clone();
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            dig_from(Some(&pod_ns), cluster_dns, None, &args)
+        })
+    };
+    let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    for tcp in [&[][..], &["+tcp"][..]] {
+        let d = ask(args(
+            &[tcp, &["echo.default.svc.cluster.local", "A"]].concat(),
+        ))
+        .await
+        .unwrap();
+        assert_eq!(d.status, "NOERROR", "{d:?}");
+        assert!(d.flags.contains(&"aa".to_owned()), "{d:?}");
+        assert_eq!(data(&d, "A"), [vip], "{d:?}");
+    }
+    // The short name through the pod's search domain, as its resolver (ndots 5) sends it.
+    let d = ask(args(&[
+        "+domain=default.svc.cluster.local",
+        "+ndots=5",
+        "echo",
+        "A",
+    ]))
+    .await
+    .unwrap();
+    assert_eq!(data(&d, "A"), [vip], "{d:?}");
+    assert_eq!(up.total(), 0, "mesh names never reach the upstream");
+
+    // Outside the mesh: forwarded from inside the pod, then answered from the pod proxy's cache.
+    for _ in 0..2 {
+        let d = ask(args(&["www.example.org", "A"])).await.unwrap();
+        assert_eq!(d.status, "NOERROR", "{d:?}");
+        assert!(!d.flags.contains(&"aa".to_owned()), "{d:?}");
+        assert_eq!(data(&d, "A"), ["192.0.2.80"], "{d:?}");
+    }
+    assert_eq!(up.asked("www.example.org.", RecordType::A), 1);
+    let d = ask(args(&["+tcp", "nothing.example", "A"])).await.unwrap();
+    assert_eq!(d.status, "NXDOMAIN", "{d:?}");
+    assert_eq!(
+        up.sources(),
+        [std::net::IpAddr::from(m.client.ip)],
+        "forwarded questions leave from the pod's own address"
+    );
+    let metrics = a.scrape().await.unwrap();
+    assert!(
+        weft_conformance::metric_sum(&metrics, "weft_dns_requests_total") >= 5.0,
+        "{metrics}"
+    );
+    let dump = a.config_dump().await.unwrap();
+    let listeners = dump["inpod"]["pods"][0]["detail"]["listeners"].to_string();
+    assert!(
+        listeners.contains("\"127.0.0.1:15053\"") && listeners.contains("dns_udp"),
+        "{dump}"
+    );
+
+    // The pod's DNS listener closes with its other listeners.
+    let dns_tcp = SocketAddr::from(([127, 0, 0, 1], 15053));
+    assert!(listening(&m.client.ns, dns_tcp).await);
+    assert_eq!(
+        m.agent_a.del_pod(&m.client.uid).await,
+        vec![Ok(String::new())]
+    );
+    eventually(WAIT, "pod drained on node A", || async {
+        let d = a.config_dump().await.ok()?;
+        pods_in_dump(&d).is_empty().then_some(())
+    })
+    .await;
+    assert!(
+        !listening(&m.client.ns, dns_tcp).await,
+        "15053 must be closed in the deleted pod"
+    );
+    let _ = keep_tx.send(());
+}

@@ -182,6 +182,8 @@ pub struct RunArgs {
     /// DNS proxy, UDP and TCP (`ip:port` or `off`): answers A/AAAA for mesh service names (and their short forms
     /// through the pod's search domains) to the HBONE workloads of this node, by source address, and forwards
     /// everything else to the node's resolvers; anyone else is refused. Point the pods' DNS capture here.
+    /// In-pod mode: each pod gets its own DNS proxy at this port on its loopback (127.0.0.1 and [::1]), where
+    /// istio-cni's pod rules redirect port 53; the address part is not used there.
     #[arg(long, env = "WEFT_DNS", default_value = "127.0.0.1:15053", value_parser = parse_listen)]
     pub dns: Listen,
     /// Resolvers the DNS proxy forwards to, comma-separated `ip` or `ip:port` (port 53 by default), tried in

@@ -20,7 +20,8 @@ pub enum Mode {
     /// the node's capture rules send workload traffic there.
     Node,
     /// In-pod mode (Istio ambient's model): the CNI node agent hands each meshed pod's network namespace to weft
-    /// over ZDS (--inpod-uds) and weft opens the pod's listeners (15001, 15006, 15008) inside it; the agent
+    /// over ZDS (--inpod-uds) and weft opens the pod's listeners (15001, 15006, 15008, and the DNS proxy on
+    /// 127.0.0.1 and [::1] at --dns's port) inside it; the agent
     /// installs the pod's capture rules. A drop-in for ztunnel next to istio-cni.
     Inpod,
 }
@@ -67,6 +68,7 @@ impl InPod {
         metrics: Arc<ProxyMetrics>,
         status: Arc<Status>,
         data: tokio::runtime::Handle,
+        dns: Option<weft_inpod::PodDns>,
     ) -> anyhow::Result<Self> {
         // istio-cni's pod rules skip packets marked 0x539/0xfff: weft's sockets in pods carry it.
         let mark = *base.mark.get_or_insert(weft_inpod::INPOD_MARK);
@@ -82,6 +84,7 @@ impl InPod {
             hooks,
             metrics,
             data,
+            dns,
         });
         let stop = CancellationToken::new();
         tracing::info!(uds = %args.inpod_uds.display(), port_reuse = args.inpod_port_reuse, mark = format!("{mark:#x}"), "in-pod mode: waiting for pods from the CNI node agent");

@@ -48,14 +48,10 @@ fn proxy_config(a: &RunArgs) -> ProxyConfig {
     c
 }
 
-/// The DNS proxy's forwarder and server from the flags. A resolv.conf that cannot be read, or names no server,
-/// is logged and leaves the proxy without upstreams (mesh names are still answered; forwarded questions get
-/// SERVFAIL), so a node is never kept down by its forwarding setup.
-fn dns_server(
-    a: &RunArgs,
-    state: Arc<StateStore>,
-    metrics: Arc<weft_dns::DnsMetrics>,
-) -> weft_dns::DnsServer {
+/// The DNS proxy's forwarding from the flags. A resolv.conf that cannot be read, or names no server, is logged
+/// and leaves the proxy without upstreams (mesh names are still answered; forwarded questions get SERVFAIL), so
+/// a node is never kept down by its forwarding setup.
+fn dns_forwarding(a: &RunArgs) -> weft_dns::ForwarderConfig {
     let mut fwd = weft_dns::ForwarderConfig::default();
     if a.dns_upstream.is_empty() {
         match weft_dns::resolv::load(&a.dns_resolv_conf) {
@@ -71,17 +67,30 @@ fn dns_server(
         fwd.upstreams = a.dns_upstream.clone();
     }
     tracing::info!(upstreams = ?fwd.upstreams, "DNS proxy forwards to");
+    fwd
+}
+
+/// How the DNS proxy answers, from the flags.
+fn dns_config(a: &RunArgs) -> weft_dns::DnsConfig {
+    weft_dns::DnsConfig {
+        cluster_domain: a.cluster_domain.clone(),
+        ..Default::default()
+    }
+}
+
+/// Node mode's DNS proxy: one server, upstream sockets in weft's namespace.
+fn dns_server(
+    a: &RunArgs,
+    state: Arc<StateStore>,
+    metrics: Arc<weft_dns::DnsMetrics>,
+) -> weft_dns::DnsServer {
     let forwarder = Arc::new(weft_dns::Forwarder::new(
-        fwd,
+        dns_forwarding(a),
         Arc::new(weft_dns::NodeSockets { mark: a.mark }),
         Arc::new(weft_dns::SystemClock::default()),
         metrics.clone(),
     ));
-    let cfg = weft_dns::DnsConfig {
-        cluster_domain: a.cluster_domain.clone(),
-        ..Default::default()
-    };
-    weft_dns::DnsServer::new(state, forwarder, cfg, metrics)
+    weft_dns::DnsServer::new(state, forwarder, dns_config(a), metrics)
 }
 
 /// Identities of the HBONE workloads on this node (in-pod mode: of the pods weft serves): the only ones this
@@ -328,11 +337,21 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
                 weft_admin::serve(which, addr, handler.clone(), stop_admin.clone()).await?;
             }
         }
-        // The DNS proxy serves on the data-path runtime, bound before the node reports ready.
-        // In-pod mode has no node-wide listener: the DNS proxy is per pod (not served yet, see README).
+        // The DNS proxy serves on the data-path runtime, bound before the node reports ready. In-pod mode has
+        // no node-wide listener: each pod gets its own on its loopback, at --dns's port.
+        let mut pod_dns = None;
         let dns = match args.dns {
-            Listen::At(_) if inpod_status.is_some() => {
-                tracing::warn!("--dns is not served in in-pod mode yet (per-pod DNS proxy): no DNS proxy on this node");
+            Listen::At(addr) if inpod_status.is_some() => {
+                tracing::info!(
+                    port = addr.port(),
+                    "in-pod mode: the DNS proxy listens inside each pod, on 127.0.0.1 and [::1]"
+                );
+                pod_dns = Some(weft_inpod::PodDns {
+                    port: addr.port(),
+                    forwarder: dns_forwarding(&args),
+                    config: dns_config(&args),
+                    metrics: dns_metrics,
+                });
                 None
             }
             Listen::At(addr) => {
@@ -367,6 +386,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
                 metrics,
                 status.clone(),
                 data.handle().clone(),
+                pod_dns,
             )?);
         } else {
             let p = data

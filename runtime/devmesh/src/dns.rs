@@ -3,7 +3,7 @@
 //! a client must retry over TCP. It counts every question it gets, so a test can see what reached it.
 
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
 use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
@@ -18,6 +18,8 @@ use tokio::task::JoinHandle;
 type Table = HashMap<String, (u32, Vec<Ipv4Addr>)>;
 /// Questions seen: (lowercased FQDN, type) → count.
 type Asked = Arc<Mutex<HashMap<(String, RecordType), usize>>>;
+/// Source addresses questions came from.
+type Sources = Arc<Mutex<Vec<IpAddr>>>;
 
 /// The server; it stops when dropped.
 #[derive(Debug)]
@@ -25,6 +27,7 @@ pub struct Upstream {
     /// Where it listens (UDP and TCP).
     pub addr: SocketAddr,
     asked: Asked,
+    sources: Sources,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -44,11 +47,19 @@ impl Upstream {
                 .collect(),
         );
         let asked: Asked = Arc::default();
+        let sources: Sources = Arc::default();
+        let seen = |sources: &Sources, ip: IpAddr| {
+            let mut s = sources.lock().unwrap_or_else(|p| p.into_inner());
+            if !s.contains(&ip) {
+                s.push(ip);
+            }
+        };
         let udp_task = {
-            let (table, asked) = (table.clone(), asked.clone());
+            let (table, asked, sources) = (table.clone(), asked.clone(), sources.clone());
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 4096];
                 while let Ok((n, src)) = udp.recv_from(&mut buf).await {
+                    seen(&sources, src.ip());
                     if let Some(reply) = answer(&buf[..n], &table, &asked, true) {
                         let _ = udp.send_to(&reply, src).await;
                     }
@@ -56,9 +67,10 @@ impl Upstream {
             })
         };
         let tcp_task = {
-            let asked = asked.clone();
+            let (asked, sources) = (asked.clone(), sources.clone());
             tokio::spawn(async move {
-                while let Ok((mut s, _)) = tcp.accept().await {
+                while let Ok((mut s, peer)) = tcp.accept().await {
+                    seen(&sources, peer.ip());
                     let (table, asked) = (table.clone(), asked.clone());
                     tokio::spawn(async move {
                         while let Ok(len) = s.read_u16().await {
@@ -83,6 +95,7 @@ impl Upstream {
         Ok(Upstream {
             addr,
             asked,
+            sources,
             tasks: vec![udp_task, tcp_task],
         })
     }
@@ -95,6 +108,14 @@ impl Upstream {
             .get(&(name.to_ascii_lowercase(), rtype))
             .copied()
             .unwrap_or(0)
+    }
+
+    /// The source addresses questions came from, first seen first.
+    pub fn sources(&self) -> Vec<IpAddr> {
+        self.sources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Questions asked in all.

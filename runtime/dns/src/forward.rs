@@ -24,11 +24,14 @@ const UPSTREAM_EDNS_PAYLOAD: u16 = 1232;
 /// A boxed future of a TCP connection.
 pub type TcpConnect = Pin<Box<dyn Future<Output = io::Result<TcpStream>> + Send>>;
 
+/// A boxed future of a bound UDP socket.
+pub type UdpBind = Pin<Box<dyn Future<Output = io::Result<UdpSocket>> + Send>>;
+
 /// Where the sockets to upstream resolvers come from. In node mode they are plain sockets in the node's network
 /// namespace (marked, so capture rules let them out); an in-pod implementation creates them in the pod's.
 pub trait UpstreamSockets: Send + Sync + Debug {
     /// An unconnected UDP socket bound to an ephemeral port, for talking to `upstream`.
-    fn udp(&self, upstream: SocketAddr) -> io::Result<UdpSocket>;
+    fn udp(&self, upstream: SocketAddr) -> UdpBind;
     /// A TCP connection to `upstream`.
     fn tcp(&self, upstream: SocketAddr) -> TcpConnect;
 }
@@ -41,40 +44,63 @@ pub struct NodeSockets {
 }
 
 impl UpstreamSockets for NodeSockets {
-    fn udp(&self, upstream: SocketAddr) -> io::Result<UdpSocket> {
-        let s = Socket::new(
-            Domain::for_address(upstream),
-            Type::DGRAM.nonblocking(),
-            Some(Protocol::UDP),
-        )?;
-        if let Some(m) = self.mark {
-            s.set_mark(m)?;
-        }
-        let any: SocketAddr = if upstream.is_ipv4() {
-            (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
-        } else {
-            (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
-        };
-        s.bind(&any.into())?;
-        UdpSocket::from_std(s.into())
+    fn udp(&self, upstream: SocketAddr) -> UdpBind {
+        let mark = self.mark;
+        Box::pin(async move { bind_udp(new_udp_socket(upstream)?, mark, upstream) })
     }
 
     fn tcp(&self, upstream: SocketAddr) -> TcpConnect {
         let mark = self.mark;
-        Box::pin(async move {
-            let s = Socket::new(
-                Domain::for_address(upstream),
-                Type::STREAM.nonblocking(),
-                Some(Protocol::TCP),
-            )?;
-            if let Some(m) = mark {
-                s.set_mark(m)?;
-            }
-            tokio::net::TcpSocket::from_std_stream(s.into())
-                .connect(upstream)
-                .await
-        })
+        Box::pin(async move { connect_tcp(new_tcp_socket(upstream)?, mark, upstream).await })
     }
+}
+
+/// A non-blocking TCP socket of `upstream`'s address family, in the calling thread's network namespace.
+pub fn new_tcp_socket(upstream: SocketAddr) -> io::Result<Socket> {
+    Socket::new(
+        Domain::for_address(upstream),
+        Type::STREAM.nonblocking().cloexec(),
+        Some(Protocol::TCP),
+    )
+}
+
+/// Mark `s` (when `mark` is set) and connect it to `upstream` (inside a runtime). The socket may come from another
+/// network namespace.
+pub async fn connect_tcp(
+    s: Socket,
+    mark: Option<u32>,
+    upstream: SocketAddr,
+) -> io::Result<TcpStream> {
+    if let Some(m) = mark {
+        s.set_mark(m)?;
+    }
+    tokio::net::TcpSocket::from_std_stream(s.into())
+        .connect(upstream)
+        .await
+}
+
+/// A non-blocking UDP socket of `upstream`'s address family, in the calling thread's network namespace.
+pub fn new_udp_socket(upstream: SocketAddr) -> io::Result<Socket> {
+    Socket::new(
+        Domain::for_address(upstream),
+        Type::DGRAM.nonblocking().cloexec(),
+        Some(Protocol::UDP),
+    )
+}
+
+/// Mark `s` (when `mark` is set), bind it to an ephemeral port of the wildcard address of `upstream`'s family and
+/// hand it to tokio (call inside a runtime). The socket may come from another network namespace.
+pub fn bind_udp(s: Socket, mark: Option<u32>, upstream: SocketAddr) -> io::Result<UdpSocket> {
+    if let Some(m) = mark {
+        s.set_mark(m)?;
+    }
+    let any: SocketAddr = if upstream.is_ipv4() {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    s.bind(&any.into())?;
+    UdpSocket::from_std(s.into())
 }
 
 /// How forwarding behaves.
@@ -229,7 +255,7 @@ impl Forwarder {
     }
 
     async fn udp(&self, up: SocketAddr, bytes: &[u8], id: u16, q: &Query) -> io::Result<Message> {
-        let sock = self.sockets.udp(up)?;
+        let sock = self.sockets.udp(up).await?;
         // Connected: the kernel drops datagrams from anyone but the upstream.
         sock.connect(up).await?;
         sock.send(bytes).await?;

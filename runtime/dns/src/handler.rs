@@ -7,7 +7,7 @@ use std::sync::Arc;
 use hickory_proto::op::{Message, ResponseCode};
 use hickory_proto::rr::rdata::{A, AAAA, CNAME};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
-use weft_state::{MeshState, StateStore, TunnelProtocol, Workload};
+use weft_state::{LocalPod, MeshState, StateStore, TunnelProtocol, Workload};
 
 use crate::forward::Forwarder;
 use crate::lookup::{self, Family};
@@ -26,11 +26,13 @@ pub enum Clients {
         /// This node's name.
         node: String,
     },
-    /// In-pod mode: the listener lives in one pod's network namespace, so every query is that pod's (by uid); it
-    /// is answered while the pod is in the mesh state.
+    /// In-pod mode: the listener lives in one pod's network namespace, so every query is that pod's; it is
+    /// answered while the pod is in the mesh state (matched as the pod's data path matches it).
     Pod {
-        /// The pod's workload uid.
-        uid: String,
+        /// This node's name.
+        node: String,
+        /// The pod, as the CNI node agent named it.
+        pod: LocalPod,
     },
 }
 
@@ -42,7 +44,7 @@ impl Clients {
                 .workload_by_ip(src.to_canonical())
                 .filter(|w| w.node == *node && w.protocol == TunnelProtocol::Hbone)
                 .cloned(),
-            Clients::Pod { uid } => state.workloads.get(uid).cloned(),
+            Clients::Pod { node, pod } => state.local_pod(node, pod, Some(src)).cloned(),
         }
     }
 }

@@ -43,7 +43,8 @@ use weft_state::StateStore;
 
 pub use cache::{Answer, Clock, ManualClock, SystemClock};
 pub use forward::{
-    ForwardError, Forwarder, ForwarderConfig, NodeSockets, TcpConnect, UpstreamSockets,
+    ForwardError, Forwarder, ForwarderConfig, NodeSockets, TcpConnect, UdpBind, UpstreamSockets,
+    bind_udp, connect_tcp, new_tcp_socket, new_udp_socket,
 };
 pub use handler::{Clients, MESH_TTL};
 pub use metrics::{DnsMetrics, RequestLabels};

@@ -473,9 +473,7 @@ async fn in_pod_every_query_is_the_pods() {
     let up = upstream().await;
     let p = Proxy::start(
         MESH,
-        Clients::Pod {
-            uid: "remote-1".into(),
-        },
+        pod_client("node-b", "remote-1", "remote-1"),
         vec![up.addr],
     )
     .await;
@@ -491,17 +489,52 @@ async fn in_pod_every_query_is_the_pods() {
     assert_eq!(ips(&r), [ip("10.96.0.10")]);
     let r = pod_resolver(p.addr, ip("127.0.0.1"));
     assert_eq!(v4s(&r, "echo").await.unwrap(), [ip("10.96.0.10")]);
-    // A pod that left the mesh state is refused.
-    let gone = Proxy::start(MESH, Clients::Pod { uid: "gone".into() }, vec![up.addr]).await;
+    // The agent names the pod by its Kubernetes uid, istiod by `<cluster>//Pod/<ns>/<name>`: name, namespace and
+    // service account find it.
+    let k8s = Proxy::start(
+        MESH,
+        pod_client("node-b", "7f8e1c2a-k8s-uid", "remote-1"),
+        vec![up.addr],
+    )
+    .await;
     let r = ask(
-        gone.addr,
+        k8s.addr,
         ip("127.0.0.1"),
         "echo.ns1.svc.cluster.local.",
         RecordType::A,
         Via::Udp,
     )
     .await;
-    assert_eq!(r.metadata.response_code, ResponseCode::Refused);
+    assert_eq!(ips(&r), [ip("10.96.0.10")]);
+    // A pod that left the mesh state is refused, and so is a pod of another node.
+    for gone in [
+        pod_client("node-b", "gone", "gone"),
+        pod_client("node-a", "remote-1", "remote-1"),
+    ] {
+        let gone = Proxy::start(MESH, gone, vec![up.addr]).await;
+        let r = ask(
+            gone.addr,
+            ip("127.0.0.1"),
+            "echo.ns1.svc.cluster.local.",
+            RecordType::A,
+            Via::Udp,
+        )
+        .await;
+        assert_eq!(r.metadata.response_code, ResponseCode::Refused);
+    }
+}
+
+/// An in-pod client: pod `name` in `ns1` with uid `uid`, on `node`.
+fn pod_client(node: &str, uid: &str, name: &str) -> Clients {
+    Clients::Pod {
+        node: node.into(),
+        pod: weft_state::LocalPod {
+            uid: uid.into(),
+            name: name.into(),
+            namespace: "ns1".into(),
+            service_account: "default".into(),
+        },
+    }
 }
 
 #[tokio::test]

@@ -5,6 +5,7 @@
 //! `setns`, and never on a tokio worker.
 
 pub mod client;
+pub mod dns;
 pub mod manager;
 pub mod netns;
 pub mod packet;
@@ -15,6 +16,7 @@ pub mod status;
 mod testutil;
 
 pub use client::run;
+pub use dns::PodDns;
 pub use manager::{ListenerSets, Manager};
 pub use pods::{PodListeners, PodPorts, ProxyPods};
 pub use protocol::PodInfo;

@@ -1,5 +1,5 @@
 //! A pod's listener set: a weft data path of its own (15001 outbound capture, 15006 inbound plaintext, 15008
-//! HBONE) whose sockets, listeners and outgoing connections alike, are created inside the pod's network namespace
+//! HBONE, and the DNS proxy on 15053) whose sockets, listeners and outgoing connections alike, are created inside the pod's network namespace
 //! by the pod's namespace thread. So outbound connections leave with the pod's own source address, and the
 //! listeners set `SO_REUSEPORT` (unless turned off) so a second weft can serve the pod during an upgrade. The
 //! data paths share the node's mesh state, certificates, plugins and metrics.
@@ -13,6 +13,9 @@ use weft_identity::SecretManager;
 use weft_proxy::{InboundBind, LocalPod, Proxy, ProxyConfig, ProxyMetrics};
 use weft_state::StateStore;
 
+use weft_dns::Serving;
+
+use crate::dns::{self, PodDns};
 use crate::manager::ListenerSets;
 use crate::netns::{Netns, NetnsThread};
 use crate::protocol::PodInfo;
@@ -56,6 +59,8 @@ pub struct ProxyPods {
     pub metrics: Arc<ProxyMetrics>,
     /// The data-path runtime: pods' listeners and connections run there.
     pub data: tokio::runtime::Handle,
+    /// The per-pod DNS proxy (15053 on the pod's loopback), `None` when turned off.
+    pub dns: Option<PodDns>,
 }
 
 impl std::fmt::Debug for ProxyPods {
@@ -70,6 +75,7 @@ impl std::fmt::Debug for ProxyPods {
 pub struct PodListeners {
     proxy: Arc<Proxy>,
     thread: Arc<NetnsThread>,
+    dns: std::sync::Mutex<Vec<Serving>>,
 }
 
 impl PodListeners {
@@ -81,8 +87,20 @@ impl PodListeners {
 
 impl Describe for PodListeners {
     fn describe(&self) -> Value {
+        let mut listeners: Vec<Value> = self
+            .proxy
+            .bound_addrs()
+            .iter()
+            .map(|(what, a)| json!({"listener": what, "addr": a.to_string()}))
+            .collect();
+        if let Ok(dns) = self.dns.lock() {
+            for s in dns.iter() {
+                listeners.push(json!({"listener": "dns_udp", "addr": s.udp_addr.to_string()}));
+                listeners.push(json!({"listener": "dns_tcp", "addr": s.tcp_addr.to_string()}));
+            }
+        }
         json!({
-            "listeners": self.proxy.bound_addrs().iter().map(|(what, a)| json!({"listener": what, "addr": a.to_string()})).collect::<Vec<_>>(),
+            "listeners": listeners,
             "liveConnections": self.proxy.tracker().len(),
             "pooledHbone": self.proxy.pooled_connections(),
             "netns": self.thread.netns_id().to_string(),
@@ -140,13 +158,20 @@ impl ListenerSets for ProxyPods {
         } else {
             IpAddr::V4(Ipv4Addr::UNSPECIFIED)
         };
-        let mut cfg = self.base.clone();
-        cfg.pod = Some(LocalPod {
+        let local = LocalPod {
             uid: pod.uid.clone(),
             name: pod.name.clone(),
             namespace: pod.namespace.clone(),
             service_account: pod.service_account.clone(),
-        });
+        };
+        // DNS sockets first: a pod whose DNS port cannot be bound is not served (error ack, retried), and nothing
+        // has to be undone.
+        let dns_bound = match &self.dns {
+            Some(d) => Some(dns::bind(d, &thread, v6, self.base.reuse_port).await?),
+            None => None,
+        };
+        let mut cfg = self.base.clone();
+        cfg.pod = Some(local.clone());
         cfg.outbound_addr = Some(SocketAddr::new(any, self.ports.outbound));
         cfg.inbound_plaintext_addr = Some(SocketAddr::new(any, self.ports.inbound_plaintext));
         cfg.inbound = InboundBind::Addr(SocketAddr::new(any, self.ports.hbone));
@@ -167,7 +192,34 @@ impl ListenerSets for ProxyPods {
             .await
             .map_err(|e| format!("data path task: {e}"))?
             .map_err(|e| e.to_string())?;
-        Ok(Arc::new(PodListeners { proxy, thread }))
+        let mut dns_serving = Vec::new();
+        if let (Some(d), Some(bound)) = (self.dns.clone(), dns_bound) {
+            let (state, t, mark, node) = (
+                self.state.clone(),
+                thread.clone(),
+                self.base.mark,
+                self.base.node.clone(),
+            );
+            let served = self
+                .data
+                .spawn(async move { dns::serve(&d, bound, state, t, mark, &node, local) })
+                .await
+                .map_err(|e| format!("DNS proxy task: {e}"))
+                .and_then(|r| r.map_err(|e| format!("DNS proxy in the pod: {e}")));
+            match served {
+                Ok(s) => dns_serving = s,
+                Err(e) => {
+                    let p = proxy.clone();
+                    let _ = self.data.spawn(async move { p.drain().await }).await;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Arc::new(PodListeners {
+            proxy,
+            thread,
+            dns: std::sync::Mutex::new(dns_serving),
+        }))
     }
 
     fn drain(
@@ -176,8 +228,21 @@ impl ListenerSets for ProxyPods {
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let data = self.data.clone();
         async move {
+            // The DNS proxy stops at once (a question has no connection to drain); the data path drains.
+            let dns: Vec<Serving> = set
+                .dns
+                .lock()
+                .map(|mut d| std::mem::take(&mut *d))
+                .unwrap_or_default();
             let proxy = set.proxy.clone();
-            let _ = data.spawn(async move { proxy.drain().await }).await;
+            let _ = data
+                .spawn(async move {
+                    for s in dns {
+                        s.stop().await;
+                    }
+                    proxy.drain().await
+                })
+                .await;
             // The namespace thread ends with the last handle on it.
             drop(set);
         }

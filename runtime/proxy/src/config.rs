@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use weft_hbone::{H2Config, PoolConfig};
+pub use weft_state::LocalPod;
 
 /// Ports weft itself uses; a connection addressed to one of them on a workload is refused (self-call protection).
 pub const RESERVED_PORTS: [u16; 4] = [15001, 15006, 15008, 15080];
@@ -31,34 +32,6 @@ pub enum InboundBind {
     },
     /// No inbound HBONE.
     Disabled,
-}
-
-/// The one pod a per-pod data path (in-pod mode) serves, as the CNI node agent named it.
-///
-/// A workload of the mesh state is this pod when it runs on this node and either has the pod's uid or the pod's
-/// name, namespace and service account (as ztunnel matches a ZDS pod to its xDS workload: the agent sends the
-/// Kubernetes pod uid, istiod names workloads `<cluster>//Pod/<namespace>/<name>`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LocalPod {
-    /// The pod uid the agent sent.
-    pub uid: String,
-    /// Pod name.
-    pub name: String,
-    /// Namespace.
-    pub namespace: String,
-    /// Service account.
-    pub service_account: String,
-}
-
-impl LocalPod {
-    /// Whether `w` is this pod (on node `node`).
-    pub fn matches(&self, node: &str, w: &weft_state::Workload) -> bool {
-        w.node == node
-            && (w.uid == self.uid
-                || (w.name == self.name
-                    && w.namespace == self.namespace
-                    && w.service_account == self.service_account))
-    }
 }
 
 /// Data-path configuration.

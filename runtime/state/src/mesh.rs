@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::balance;
-use crate::model::{PluginSpec, Policy, Service, TunnelProtocol, Workload};
+use crate::model::{LocalPod, PluginSpec, Policy, Service, TunnelProtocol, Workload};
 use crate::topology::LbMode;
 
 mod waypoint;
@@ -194,6 +194,30 @@ impl MeshState {
             .get(key)
             .map(Vec::as_slice)
             .unwrap_or_default()
+    }
+
+    /// The workload that is `pod` on `node`, asked from `src` (the pod's own address when known): by uid, then
+    /// by the source address, then by name, namespace and service account.
+    pub fn local_pod(
+        &self,
+        node: &str,
+        pod: &LocalPod,
+        src: Option<IpAddr>,
+    ) -> Option<&Arc<Workload>> {
+        if let Some(w) = self
+            .workloads
+            .get(&pod.uid)
+            .filter(|w| pod.matches(node, w))
+        {
+            return Some(w);
+        }
+        if let Some(w) = src
+            .and_then(|ip| self.by_ip.get(&ip.to_canonical()))
+            .filter(|w| pod.matches(node, w))
+        {
+            return Some(w);
+        }
+        self.workloads.values().find(|w| pod.matches(node, w))
     }
 
     /// Workloads that run on `node`.
