@@ -364,7 +364,7 @@ impl Proxy {
             accepted = tracker.accepted_len(),
             "listeners closed: waiting for connections"
         );
-        if tokio::time::timeout_at(deadline, tracker.wait_empty())
+        if tokio::time::timeout_at(deadline, tracker.wait_idle())
             .await
             .is_err()
         {
@@ -376,13 +376,13 @@ impl Proxy {
             const GRACE: std::time::Duration = std::time::Duration::from_secs(1);
             // Established connections end their relays and report their close...
             tracker.close_all();
-            if tracker.len() > 0 {
-                let _ = tokio::time::timeout(GRACE, tracker.wait_empty()).await;
+            if !tracker.is_empty() {
+                let _ = tokio::time::timeout(GRACE, tracker.wait_idle()).await;
             }
             // ... and whatever is still being set up (or stuck) is dropped.
-            if !tracker.is_empty() {
+            if !tracker.is_idle() {
                 tracker.abandon();
-                let _ = tokio::time::timeout(GRACE, tracker.wait_empty()).await;
+                let _ = tokio::time::timeout(GRACE, tracker.wait_idle()).await;
             }
         }
         tracing::info!("drained");

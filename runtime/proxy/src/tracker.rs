@@ -197,9 +197,14 @@ impl ConnTracker {
         self.accepted.load(Ordering::SeqCst)
     }
 
-    /// Whether nothing is live: no established connection, and no accepted one still being set up.
+    /// Whether no connection is live (established).
     pub fn is_empty(&self) -> bool {
-        self.accepted_len() == 0 && self.len() == 0
+        self.len() == 0
+    }
+
+    /// Whether nothing is left at all: no established connection, and no accepted one still being set up.
+    pub fn is_idle(&self) -> bool {
+        self.accepted_len() == 0 && self.is_empty()
     }
 
     /// Ask every live connection's policy again; close those now denied. Returns how many were closed.
@@ -245,11 +250,11 @@ impl ConnTracker {
         self.abandoned.cancel();
     }
 
-    /// Wait until nothing is live (see [`ConnTracker::is_empty`]).
-    pub async fn wait_empty(&self) {
+    /// Wait until nothing is left (see [`ConnTracker::is_idle`]).
+    pub async fn wait_idle(&self) {
         loop {
             let notified = self.changed.notified();
-            if self.is_empty() {
+            if self.is_idle() {
                 return;
             }
             notified.await;
@@ -375,8 +380,35 @@ mod tests {
         assert!(tracker.is_empty());
     }
 
+    /// An accepted connection not established yet keeps `wait_idle` waiting; `abandon` drops its task.
     #[tokio::test]
-    async fn wait_empty_returns_when_the_last_connection_ends() {
+    async fn accepted_connections_count_until_their_task_ends() {
+        let tracker = Arc::new(ConnTracker::default());
+        let guard = tracker.accepted();
+        assert!(tracker.is_empty() && !tracker.is_idle());
+        assert_eq!(tracker.accepted_len(), 1);
+        let t = tracker.clone();
+        let waiter = tokio::spawn(async move { t.wait_idle().await });
+        let (_hold, setup) = tokio::sync::oneshot::channel::<()>();
+        let conn = tokio::spawn(guard.serve(async move {
+            let _ = setup.await;
+        }));
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished() && !conn.is_finished());
+        tracker.close_all();
+        tokio::task::yield_now().await;
+        assert!(
+            !conn.is_finished(),
+            "close_all ends established connections only"
+        );
+        tracker.abandon();
+        conn.await.unwrap();
+        waiter.await.unwrap();
+        assert!(tracker.is_idle());
+    }
+
+    #[tokio::test]
+    async fn wait_idle_returns_when_the_last_connection_ends() {
         let tracker = Arc::new(ConnTracker::default());
         let g1 = tracker.register(
             crate::testkit::record(1, true),
@@ -387,7 +419,7 @@ mod tests {
             Arc::new(ConnControl::default()),
         );
         let t = tracker.clone();
-        let waiter = tokio::spawn(async move { t.wait_empty().await });
+        let waiter = tokio::spawn(async move { t.wait_idle().await });
         drop(g1);
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished());
