@@ -121,7 +121,11 @@ impl InboundRequest {
 /// opening streams, streams it had already sent are still dispatched, and this keeps driving
 /// the connection until every open stream has finished, then returns `Ok(())`. To bound the
 /// drain, drop this future (for example with `tokio::time::timeout`): that aborts the remaining
-/// streams.
+/// streams. A `shutdown` cancelled before or during the handshake does not cut the connection:
+/// the handshake completes (bounded as below), and a connection that has carried no stream yet
+/// sends its GOAWAY once its first stream is dispatched (or at the handshake deadline), so a
+/// peer whose connection was accepted just before a drain has the CONNECT it made the
+/// connection for served, instead of seeing the connection closed or refused unanswered.
 ///
 /// The peer must send the HTTP/2 client preface and, as its first frame, SETTINGS within
 /// [`H2Config::handshake_timeout`]; otherwise the connection is dropped (closed) and this
@@ -146,12 +150,14 @@ where
         tracing::debug!(timeout = ?cfg.handshake_timeout, "hbone peer sent no preface and SETTINGS in time, closing");
         Err(Error::HandshakeTimeout(cfg.handshake_timeout))
     };
-    let mut conn = tokio::select! {
-        res = tokio::time::timeout_at(handshake_deadline, cfg.server_builder().handshake::<_, Bytes>(io)) => match res {
-            Ok(res) => res?,
-            Err(_elapsed) => return handshake_expired(),
-        },
-        _ = shutdown.cancelled() => return Ok(()),
+    let mut conn = match tokio::time::timeout_at(
+        handshake_deadline,
+        cfg.server_builder().handshake::<_, Bytes>(io),
+    )
+    .await
+    {
+        Ok(res) => res?,
+        Err(_elapsed) => return handshake_expired(),
     };
     // The preface is in; its SETTINGS frame is read while the connection is driven below.
     let settings_deadline = tokio::time::sleep_until(handshake_deadline);
@@ -165,7 +171,24 @@ where
     tokio::pin!(keepalive);
     let counter = Arc::new(StreamCounter::new());
     let chunk = cfg.write_chunk();
+    // Shutdown is asked (`shutdown_seen`) and GOAWAY sent (`draining`) as two steps: a connection that has not
+    // carried a stream yet gets until the handshake deadline to open its first one. A client sends its CONNECT
+    // right after its preface, and an h2 client that has read a GOAWAY (even the first, "last stream = max" one)
+    // refuses to open any stream: sending GOAWAY at once would fail the very request a client that connected just
+    // before a drain made the connection for.
+    let mut shutdown_seen = false;
     let mut draining = false;
+    let mut dispatched = false;
+    let first_stream_grace = tokio::time::sleep_until(handshake_deadline);
+    tokio::pin!(first_stream_grace);
+    let drain_now = |conn: &mut h2::server::Connection<_, Bytes>, draining: &mut bool| {
+        tracing::debug!(
+            open_streams = counter.active(),
+            "hbone server draining connection"
+        );
+        conn.graceful_shutdown();
+        *draining = true;
+    };
     loop {
         tokio::select! {
             () = &mut settings_deadline, if awaiting_settings => {
@@ -174,10 +197,14 @@ where
                 }
                 awaiting_settings = false;
             }
-            _ = shutdown.cancelled(), if !draining => {
-                tracing::debug!(open_streams = counter.active(), "hbone server draining connection");
-                conn.graceful_shutdown();
-                draining = true;
+            _ = shutdown.cancelled(), if !shutdown_seen => {
+                shutdown_seen = true;
+                if dispatched {
+                    drain_now(&mut conn, &mut draining);
+                }
+            }
+            () = &mut first_stream_grace, if shutdown_seen && !draining => {
+                drain_now(&mut conn, &mut draining);
             }
             e = &mut keepalive => {
                 tracing::debug!(error = %e, "hbone server keepalive failed, closing");
@@ -201,6 +228,10 @@ where
                     };
                     tracing::trace!(?req, "hbone inbound stream");
                     tokio::spawn(handler(req).in_current_span());
+                    dispatched = true;
+                    if shutdown_seen && !draining {
+                        drain_now(&mut conn, &mut draining);
+                    }
                 }
             }
         }

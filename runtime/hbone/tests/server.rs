@@ -78,6 +78,54 @@ async fn shutdown_of_idle_connection_returns_promptly() {
     assert_eq!(server.conn_result(0).await, Ok(()));
 }
 
+/// A connection accepted just before a drain, whose handshake completes after the shutdown was asked: the
+/// CONNECT the client made it for is served (no GOAWAY before its first stream: an h2 client that has read one
+/// opens no stream), then the GOAWAY comes, no further stream is accepted, and the server returns once the stream
+/// has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_before_the_handshake_still_serves_the_first_stream() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let shutdown = CancellationToken::new();
+    shutdown.cancel();
+    let server = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.expect("accept");
+        serve_connection(tcp, &H2Config::default(), shutdown, common::echo).await
+    });
+    let client = dial(addr, &H2Config::default()).await.expect("dial");
+    let (mut s, _) = client
+        .connect(ConnectRequest::new("127.0.0.1:1"))
+        .await
+        .expect("the first CONNECT on a connection accepted before the drain was refused");
+    s.write_all(b"served").await.expect("write");
+    let mut buf = [0u8; 6];
+    timeout(WAIT, s.read_exact(&mut buf))
+        .await
+        .expect("timeout")
+        .expect("read");
+    assert_eq!(&buf, b"served");
+    eventually("client saw GOAWAY", || !client.is_ready()).await;
+    assert!(
+        client
+            .connect(ConnectRequest::new("127.0.0.1:1"))
+            .await
+            .is_err(),
+        "a second stream was accepted after the drain started"
+    );
+    s.shutdown().await.expect("shutdown");
+    let mut rest = Vec::new();
+    timeout(WAIT, s.read_to_end(&mut rest))
+        .await
+        .expect("timeout")
+        .expect("eof");
+    drop(s);
+    let served = timeout(WAIT, server)
+        .await
+        .expect("the server did not return after its last stream")
+        .expect("server task");
+    assert!(served.is_ok(), "{served:?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn client_keepalive_detects_unresponsive_server() {
     // A peer that completes the HTTP/2 handshake and then never reads again: PINGs go unanswered.

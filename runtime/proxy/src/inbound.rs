@@ -104,10 +104,15 @@ impl Inner {
         let peer_id = Arc::new(peer_id.to_string());
         let served =
             weft_hbone::serve_connection(tls, &self.cfg.h2, self.drain.child_token(), move |req| {
+                // Each stream is counted from its dispatch (this runs before its task is spawned), so a drain
+                // waits for a CONNECT that arrived before the GOAWAY even while it is still being set up.
+                let tracked = me.tracker.accepted();
                 let me = me.clone();
                 let peer_id = peer_id.clone();
                 let id = id.clone();
-                async move { me.handle_hbone_stream(req, peer, local, id, peer_id).await }
+                tracked.serve(
+                    async move { me.handle_hbone_stream(req, peer, local, id, peer_id).await },
+                )
             })
             .await;
         if let Err(e) = served {

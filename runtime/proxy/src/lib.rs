@@ -255,6 +255,9 @@ impl Proxy {
     /// One HBONE listener per local HBONE workload IP; listeners of departed workloads stop accepting (their open
     /// connections continue).
     fn reconcile_workload_listeners(self: &Arc<Self>, port: u16) {
+        if self.inner.drain.is_cancelled() {
+            return;
+        }
         let state = self.inner.state.current();
         let want: Vec<SocketAddr> = state
             .local_workloads(&self.inner.cfg.node)
@@ -333,30 +336,54 @@ impl Proxy {
         self.inner.pool.created_total()
     }
 
-    /// Drain: stop accepting, GOAWAY every HBONE connection, wait up to the deadline for connections to finish,
-    /// then close what is left.
+    /// Drain: stop accepting, GOAWAY every HBONE connection, wait up to the deadline for every connection to
+    /// finish (established ones and those accepted but still being set up), then close what is left.
+    ///
+    /// The accept loops are stopped and awaited first: once they have returned, every connection they accepted is
+    /// counted by the tracker (its guard is taken before its task is spawned) and no further one is accepted, so
+    /// an empty tracker means no connection is left to kill. Connections still waiting in the kernel's accept
+    /// queues are not taken: closing the listeners hands them to the other members of the listeners'
+    /// `SO_REUSEPORT` groups (`tcp_migrate_req`), i.e. to the new instance of an upgrade.
     pub async fn drain(&self) {
-        tracing::info!(live = self.inner.tracker.len(), deadline = ?self.inner.cfg.drain_deadline, "draining");
+        let deadline = tokio::time::Instant::now() + self.inner.cfg.drain_deadline;
+        let tracker = &self.inner.tracker;
+        tracing::info!(live = tracker.len(), accepted = tracker.accepted_len(), deadline = ?self.inner.cfg.drain_deadline, "draining");
         self.inner.drain.cancel();
-        for (_, t) in self.lock_listeners().drain() {
-            t.abort();
+        let loops: Vec<JoinHandle<()>> = self.lock_listeners().drain().map(|(_, t)| t).collect();
+        for t in loops {
+            // An accept loop returns at its next poll once the drain token is cancelled (it never holds an
+            // accepted connection across an await): this does not wait on any peer.
+            if let Err(e) = t.await
+                && e.is_panic()
+            {
+                tracing::error!(error = %e, "an accept loop panicked");
+            }
         }
-        let waited = tokio::time::timeout(
-            self.inner.cfg.drain_deadline,
-            self.inner.tracker.wait_empty(),
-        )
-        .await;
-        if waited.is_err() {
+        tracing::debug!(
+            live = tracker.len(),
+            accepted = tracker.accepted_len(),
+            "listeners closed: waiting for connections"
+        );
+        if tokio::time::timeout_at(deadline, tracker.wait_idle())
+            .await
+            .is_err()
+        {
             tracing::warn!(
-                live = self.inner.tracker.len(),
+                live = tracker.len(),
+                accepted = tracker.accepted_len(),
                 "drain deadline reached: closing remaining connections"
             );
-            self.inner.tracker.close_all();
-            let _ = tokio::time::timeout(
-                std::time::Duration::from_secs(1),
-                self.inner.tracker.wait_empty(),
-            )
-            .await;
+            const GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+            // Established connections end their relays and report their close...
+            tracker.close_all();
+            if !tracker.is_empty() {
+                let _ = tokio::time::timeout(GRACE, tracker.wait_idle()).await;
+            }
+            // ... and whatever is still being set up (or stuck) is dropped.
+            if !tracker.is_idle() {
+                tracker.abandon();
+                let _ = tokio::time::timeout(GRACE, tracker.wait_idle()).await;
+            }
         }
         tracing::info!("drained");
     }
@@ -383,12 +410,18 @@ where
     let mut last_warn: Option<tokio::time::Instant> = None;
     let mut unreported: u64 = 0;
     loop {
+        // Drain first: once it has started, no connection is taken from the accept queue (closing the listener
+        // hands the queued ones to the rest of its SO_REUSEPORT group).
         let accepted = tokio::select! {
-            a = lis.accept() => a,
+            biased;
             () = inner.drain.cancelled() => return,
+            a = lis.accept() => a,
         };
         match accepted {
             Ok((stream, peer)) => {
+                // Counted from this instant: a drain that starts while the connection is being set up waits for
+                // it. (Created before any await, so the loop never holds an uncounted connection.)
+                let tracked = inner.tracker.accepted();
                 let peer = socket::canonical(peer);
                 let permit = match &slots {
                     None => None,
@@ -398,6 +431,7 @@ where
                             // Over the cap: close at once (the peer sees the connection closed before any byte).
                             refused.inc();
                             drop(stream);
+                            drop(tracked);
                             unreported += 1;
                             if last_warn.is_none_or(|t| t.elapsed() >= CAP_WARN_INTERVAL) {
                                 tracing::warn!(listener = what, %peer, cap = cap.unwrap_or(0), refused = unreported, "listener connection cap reached: refusing new connections");
@@ -416,7 +450,7 @@ where
                     async move {
                         // Held until the connection ends, however it ends (the task may be aborted).
                         let _slot = (permit, open);
-                        handler(inner, stream, peer).await;
+                        tracked.serve(handler(inner, stream, peer)).await;
                     },
                     span,
                 ));
@@ -424,7 +458,10 @@ where
             Err(e) => {
                 // EMFILE and friends: back off briefly instead of spinning.
                 tracing::warn!(listener = what, error = %e, "accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                tokio::select! {
+                    () = inner.drain.cancelled() => return,
+                    () = tokio::time::sleep(std::time::Duration::from_millis(50)) => {}
+                }
             }
         }
     }

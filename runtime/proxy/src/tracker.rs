@@ -1,8 +1,11 @@
-//! Live connection tracking: every connection is registered with its record and a cancel handle, so a drain can
-//! wait for them and a policy change can re-check them and close the ones now denied.
+//! Live connection tracking: every connection is counted from the instant it is accepted (an [`AcceptGuard`] held
+//! by its task), and registered with its record and a cancel handle once established, so a drain can wait for all
+//! of them (established or still being set up) and a policy change can re-check the established ones and close
+//! those now denied.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
@@ -69,6 +72,11 @@ pub struct ConnTracker {
     /// Bumped when a re-check starts (before its snapshot); see [`ConnTracker::policy_epoch`].
     policy_epoch: AtomicU64,
     live: Mutex<HashMap<u64, Tracked>>,
+    /// Accepted connections (and dispatched inbound HBONE streams) whose task has not ended: counted from the
+    /// instant `accept()` returned, through setup (policy, hooks, pool, upstream connect), to the end.
+    accepted: AtomicUsize,
+    /// Cancelled by [`ConnTracker::abandon`]: tasks still running under an [`AcceptGuard`] are dropped.
+    abandoned: CancellationToken,
     changed: tokio::sync::Notify,
 }
 
@@ -76,6 +84,7 @@ impl std::fmt::Debug for ConnTracker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ConnTracker")
             .field("live", &self.len())
+            .field("accepted", &self.accepted_len())
             .finish()
     }
 }
@@ -91,6 +100,41 @@ pub struct TrackGuard {
 impl Drop for TrackGuard {
     fn drop(&mut self) {
         self.tracker.lock().remove(&self.id);
+        self.tracker.changed.notify_waiters();
+    }
+}
+
+/// Counts one accepted connection (or inbound HBONE stream) from the instant it was accepted until its task ends,
+/// however it ends: created in the accept loop before the connection's task is spawned and moved into it, so there
+/// is no moment at which a drain could see the connection neither counted nor gone.
+pub struct AcceptGuard {
+    tracker: Arc<ConnTracker>,
+}
+
+impl std::fmt::Debug for AcceptGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AcceptGuard").finish_non_exhaustive()
+    }
+}
+
+impl AcceptGuard {
+    /// Run the connection's whole life (`conn`) while counted. It is dropped (closing its sockets) only when the
+    /// tracker abandons what is left at the very end of a drain.
+    pub async fn serve(self, conn: impl Future<Output = ()>) {
+        let abandoned = self.tracker.abandoned.clone();
+        tokio::select! {
+            biased;
+            () = conn => {}
+            () = abandoned.cancelled() => {
+                tracing::debug!("connection abandoned at the end of the drain");
+            }
+        }
+    }
+}
+
+impl Drop for AcceptGuard {
+    fn drop(&mut self) {
+        self.tracker.accepted.fetch_sub(1, Ordering::SeqCst);
         self.tracker.changed.notify_waiters();
     }
 }
@@ -135,14 +179,32 @@ impl ConnTracker {
         }
     }
 
-    /// Number of live connections.
+    /// Count a connection just accepted; the guard goes with the connection's task (see [`AcceptGuard`]).
+    pub fn accepted(self: &Arc<Self>) -> AcceptGuard {
+        self.accepted.fetch_add(1, Ordering::SeqCst);
+        AcceptGuard {
+            tracker: self.clone(),
+        }
+    }
+
+    /// Number of live (established, registered) connections.
     pub fn len(&self) -> usize {
         self.lock().len()
     }
 
-    /// Whether no connection is live.
+    /// Number of accepted connections and inbound HBONE streams whose task has not ended (established or not).
+    pub fn accepted_len(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Whether no connection is live (established).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Whether nothing is left at all: no established connection, and no accepted one still being set up.
+    pub fn is_idle(&self) -> bool {
+        self.accepted_len() == 0 && self.is_empty()
     }
 
     /// Ask every live connection's policy again; close those now denied. Returns how many were closed.
@@ -175,18 +237,24 @@ impl ConnTracker {
         }
     }
 
-    /// Close every live connection (end of a drain).
+    /// Close every live connection (end of a drain): each relay ends and reports its close.
     pub fn close_all(&self) {
         for t in self.lock().values() {
             t.ctl.cancel.cancel();
         }
     }
 
-    /// Wait until no connection is live.
-    pub async fn wait_empty(&self) {
+    /// Drop every task still running under an [`AcceptGuard`] (the very end of a drain, after
+    /// [`ConnTracker::close_all`]): connections stuck in setup past the deadline are closed.
+    pub fn abandon(&self) {
+        self.abandoned.cancel();
+    }
+
+    /// Wait until nothing is left (see [`ConnTracker::is_idle`]).
+    pub async fn wait_idle(&self) {
         loop {
             let notified = self.changed.notified();
-            if self.is_empty() {
+            if self.is_idle() {
                 return;
             }
             notified.await;
@@ -312,8 +380,35 @@ mod tests {
         assert!(tracker.is_empty());
     }
 
+    /// An accepted connection not established yet keeps `wait_idle` waiting; `abandon` drops its task.
     #[tokio::test]
-    async fn wait_empty_returns_when_the_last_connection_ends() {
+    async fn accepted_connections_count_until_their_task_ends() {
+        let tracker = Arc::new(ConnTracker::default());
+        let guard = tracker.accepted();
+        assert!(tracker.is_empty() && !tracker.is_idle());
+        assert_eq!(tracker.accepted_len(), 1);
+        let t = tracker.clone();
+        let waiter = tokio::spawn(async move { t.wait_idle().await });
+        let (_hold, setup) = tokio::sync::oneshot::channel::<()>();
+        let conn = tokio::spawn(guard.serve(async move {
+            let _ = setup.await;
+        }));
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished() && !conn.is_finished());
+        tracker.close_all();
+        tokio::task::yield_now().await;
+        assert!(
+            !conn.is_finished(),
+            "close_all ends established connections only"
+        );
+        tracker.abandon();
+        conn.await.unwrap();
+        waiter.await.unwrap();
+        assert!(tracker.is_idle());
+    }
+
+    #[tokio::test]
+    async fn wait_idle_returns_when_the_last_connection_ends() {
         let tracker = Arc::new(ConnTracker::default());
         let g1 = tracker.register(
             crate::testkit::record(1, true),
@@ -324,7 +419,7 @@ mod tests {
             Arc::new(ConnControl::default()),
         );
         let t = tracker.clone();
-        let waiter = tokio::spawn(async move { t.wait_empty().await });
+        let waiter = tokio::spawn(async move { t.wait_idle().await });
         drop(g1);
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished());
