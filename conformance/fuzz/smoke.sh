@@ -15,10 +15,15 @@ echo "fuzz smoke: building all targets ($(rustc --version))"
 build_start=$(date +%s)
 build_log="$(mktemp)"
 if ! cargo fuzz build "${profile[@]}" >"$build_log" 2>&1; then
-    # The compiler's own errors first: cargo-fuzz ends with a long command line and a backtrace that hide them.
-    grep -E -A12 '^(error|warning: unused)' "$build_log" | head -n 120 || true
+    # cargo-fuzz ends with a long command line and a backtrace that hide the cause, and CI shows the end of the
+    # output: the last lines first, then the compiler's own errors, then the disk and memory left.
     echo "--- last lines of the build:"
-    tail -n 40 "$build_log"
+    tail -n 30 "$build_log"
+    echo "--- the compiler's errors:"
+    grep -E -A12 '^error' "$build_log" | head -n 80 || true
+    echo "--- disk and memory:"
+    df -h . /tmp || true
+    free -m || true
     echo "fuzz smoke: build FAILED" >&2
     exit 1
 fi

@@ -414,7 +414,7 @@ async fn check_case(mesh: &NetMesh, case: &Case, route: Route) -> (String, Vec<S
     }
     let seen = seen.summary();
     // Node B logs every inbound connection: denied at once, allowed when it ends.
-    let lines = wait_for(Duration::from_secs(5), "node B's access log", || async {
+    let lines = wait_for(Duration::from_secs(30), "node B's access log", || async {
         let l = access_after(&mesh.b, b_before);
         (!l.is_empty()).then_some(l)
     })
@@ -469,7 +469,7 @@ async fn check_case(mesh: &NetMesh, case: &Case, route: Route) -> (String, Vec<S
     }
     // Over HBONE, node A is told with a 401 and reports the denial.
     if case.expect == Expect::Deny && route != Route::Plaintext {
-        let told = wait_for(Duration::from_secs(5), "node A's 401", || async {
+        let told = wait_for(Duration::from_secs(30), "node A's 401", || async {
             access_after(&mesh.a, a_before).into_iter().find(|l| {
                 l["dst.addr"] == case.dst.to_string()
                     && l["error"].as_str().is_some_and(|e| e.contains("401"))

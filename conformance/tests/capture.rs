@@ -24,7 +24,7 @@ async fn captured_traffic_goes_through_hbone_and_plaintext_inbound_works() {
 
     // 1. An unmodified client dials the server; capture sends it through weft and HBONE.
     let sent = data.clone();
-    let back = eventually(Duration::from_secs(5), "echo server up", || {
+    let back = eventually(Duration::from_secs(30), "echo server up", || {
         let sent = sent.clone();
         let h = mesh.ns_a.run(move || async move {
             workload::round_trip(connect(dst, false).await?, &sent).await
@@ -61,7 +61,7 @@ async fn captured_traffic_goes_through_hbone_and_plaintext_inbound_works() {
     );
     assert_eq!(inbound["dst.addr"], dst.to_string());
     assert_eq!(inbound["bytes_sent"], data.len());
-    let outbound = eventually(Duration::from_secs(5), "node A outbound log", || async {
+    let outbound = eventually(Duration::from_secs(30), "node A outbound log", || async {
         mesh.a
             .access_logs()
             .into_iter()
@@ -169,10 +169,14 @@ async fn dual_stack_capture_listener_serves_both_families() {
             .unwrap_or_else(|e| panic!("{dst}: {e}"));
         assert_eq!(back, b"dual stack", "{dst}");
     }
-    let logs = eventually(Duration::from_secs(5), "two inbound HBONE logs", || async {
-        let l = mesh.b.access_logs();
-        (l.len() >= 2).then_some(l)
-    })
+    let logs = eventually(
+        Duration::from_secs(30),
+        "two inbound HBONE logs",
+        || async {
+            let l = mesh.b.access_logs();
+            (l.len() >= 2).then_some(l)
+        },
+    )
     .await;
     for l in &logs {
         assert_eq!(

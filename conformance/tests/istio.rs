@@ -78,7 +78,7 @@ async fn default_plugins_enforce_policies_and_export_istio_metrics() {
     // The Namespace DENY for any port but 8080: node B answers 401.
     let r = socks5::connect(mesh.a.socks5, src, SocketAddr::from((a.echo(), 8081))).await;
     assert!(matches!(r, Err(socks5::Socks5Error::Reply(2))), "{r:?}");
-    let denied = eventually(Duration::from_secs(5), "deny log", || async {
+    let denied = eventually(Duration::from_secs(30), "deny log", || async {
         mesh.b.access_logs().into_iter().find(|l| {
             l["error"]
                 .as_str()
@@ -93,7 +93,7 @@ async fn default_plugins_enforce_policies_and_export_istio_metrics() {
 
     // Istio's metrics, as ztunnel names and labels them.
     // Telemetry events reach the plugin through its queue: wait until the three closes and the denial are counted.
-    let m = eventually(Duration::from_secs(5), "istio metrics", || async {
+    let m = eventually(Duration::from_secs(30), "istio metrics", || async {
         let m = mesh.b.scrape().await.ok()?;
         let denied = m.lines().any(|l| {
             l.starts_with("istio_tcp_connections_failed_total{")
@@ -172,7 +172,7 @@ async fn policy_change_closes_live_connections_now_denied() {
         matches!(n, Ok(Ok(0)) | Ok(Err(_))),
         "the live connection must be closed: {n:?}"
     );
-    let l = eventually(Duration::from_secs(5), "re-check log", || async {
+    let l = eventually(Duration::from_secs(30), "re-check log", || async {
         mesh.b
             .access_logs()
             .into_iter()

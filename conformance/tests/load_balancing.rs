@@ -98,7 +98,7 @@ async fn edit(mesh: &Mesh, text: &str) {
     let v0 = mesh.a.config_dump().await.unwrap()["version"]
         .as_u64()
         .unwrap();
-    std::fs::write(&mesh.config_a, text).unwrap();
+    weft_conformance::replace_file(&mesh.config_a, text).unwrap();
     eventually(
         Duration::from_secs(30),
         "node A applies the edit",

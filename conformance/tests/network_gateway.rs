@@ -133,7 +133,7 @@ async fn a_service_on_another_network_is_reached_by_hbone_inside_hbone() {
     let v0 = mesh.a.config_dump().await.unwrap()["version"]
         .as_u64()
         .unwrap();
-    std::fs::write(&mesh.config_a, yaml(a, "")).unwrap();
+    weft_conformance::replace_file(&mesh.config_a, yaml(a, "")).unwrap();
     eventually(
         Duration::from_secs(30),
         "node A applies the edit",

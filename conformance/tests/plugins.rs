@@ -113,27 +113,35 @@ async fn policy_denies_with_401_and_telemetry_counts() {
     }
     // Port 8081 is not in the allow-list: node B answers 401, node A tells the SOCKS5 client "not allowed".
     assert_eq!(try_conn(&mesh, 8081).await, Err(2));
-    let denied = eventually(Duration::from_secs(5), "denial in node B's log", || async {
-        mesh.b.access_logs().into_iter().find(|l| {
-            l["error"]
-                .as_str()
-                .is_some_and(|e| e.contains("port not allowed"))
-        })
-    })
+    let denied = eventually(
+        Duration::from_secs(30),
+        "denial in node B's log",
+        || async {
+            mesh.b.access_logs().into_iter().find(|l| {
+                l["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("port not allowed"))
+            })
+        },
+    )
     .await;
     assert!(
         denied["error"].as_str().unwrap().contains("allowlist"),
         "the log must name the plugin: {denied}"
     );
-    let out = eventually(Duration::from_secs(5), "denial in node A's log", || async {
-        mesh.a
-            .access_logs()
-            .into_iter()
-            .find(|l| l["error"].as_str().is_some_and(|e| e.contains("401")))
-    })
+    let out = eventually(
+        Duration::from_secs(30),
+        "denial in node A's log",
+        || async {
+            mesh.a
+                .access_logs()
+                .into_iter()
+                .find(|l| l["error"].as_str().is_some_and(|e| e.contains("401")))
+        },
+    )
     .await;
     assert_eq!(out["dst.addr"], format!("{}:8081", a.echo()));
-    let m = eventually(Duration::from_secs(5), "telemetry metrics", || async {
+    let m = eventually(Duration::from_secs(30), "telemetry metrics", || async {
         let m = mesh.b.scrape().await.ok()?;
         (metric_sum(&m, "conn_counter_closed_total{") >= 4.0).then_some(m)
     })
@@ -235,7 +243,7 @@ async fn hot_swap_under_load_fails_no_connection_and_bad_versions_are_rejected()
         )],
     );
     let t = Instant::now();
-    std::fs::write(&mesh.config_b, &v2).unwrap();
+    weft_conformance::replace_file(&mesh.config_b, &v2).unwrap();
     let swap = eventually(Duration::from_secs(10), "v2 visible", || async {
         try_conn(&mesh, 8081).await.ok().map(|_| t.elapsed())
     })
@@ -296,7 +304,7 @@ async fn hot_swap_under_load_fails_no_connection_and_bad_versions_are_rejected()
         ),
     ];
     for (what, spec) in bad {
-        std::fs::write(&mesh.config_b, with_plugins(&base, &[spec])).unwrap();
+        weft_conformance::replace_file(&mesh.config_b, with_plugins(&base, &[spec])).unwrap();
         let p = wait_plugin_state(&mesh, "allowlist", |p| p["state"] == "serving-previous").await;
         let err = p["lastError"].as_str().unwrap_or_default().to_owned();
         println!("{what}: rejected: {err}");
@@ -310,7 +318,7 @@ async fn hot_swap_under_load_fails_no_connection_and_bad_versions_are_rejected()
             "{what}: the previous version must keep serving"
         );
         // Back to v2 before the next bad version.
-        std::fs::write(&mesh.config_b, &v2).unwrap();
+        weft_conformance::replace_file(&mesh.config_b, &v2).unwrap();
         wait_plugin_state(&mesh, "allowlist", |p| p["state"] == "serving").await;
     }
 }
@@ -350,7 +358,7 @@ async fn misbehaving_plugins_are_contained() {
         let version = mesh.b.config_dump().await.unwrap()["version"]
             .as_u64()
             .unwrap();
-        std::fs::write(&mesh.config_b, cfg(mode, "failClosed")).unwrap();
+        weft_conformance::replace_file(&mesh.config_b, cfg(mode, "failClosed")).unwrap();
         eventually(Duration::from_secs(30), "mode applied", || async {
             let d = mesh.b.config_dump().await.ok()?;
             let p = d["plugins"]
@@ -405,7 +413,7 @@ async fn misbehaving_plugins_are_contained() {
     let m = mesh.b.scrape().await.unwrap();
     assert!(metric_sum(&m, "weft_plugin_errors_total") >= 25.0, "{m}");
     // Fail-open: the same trap lets the connection through.
-    std::fs::write(&mesh.config_b, cfg("trap", "failOpen")).unwrap();
+    weft_conformance::replace_file(&mesh.config_b, cfg("trap", "failOpen")).unwrap();
     wait_plugin_state(&mesh, "bad", |p| {
         p["failurePolicy"] == "fail-open" && p["state"] == "serving"
     })

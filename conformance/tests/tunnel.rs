@@ -32,7 +32,7 @@ async fn socks5_through_two_nodes_with_verified_identities() {
             data.len()
         );
     }
-    let logs = eventually(Duration::from_secs(5), "node-b access logs", || async {
+    let logs = eventually(Duration::from_secs(30), "node-b access logs", || async {
         let l = mesh.b.access_logs();
         (l.len() >= 2).then_some(l)
     })
@@ -55,7 +55,7 @@ async fn socks5_through_two_nodes_with_verified_identities() {
     }
     // Node A counts a connection's bytes and then logs it, when the connection closes (just after the client got
     // its echo): wait for both lines, then the counters are final.
-    let out = eventually(Duration::from_secs(5), "node-a access logs", || async {
+    let out = eventually(Duration::from_secs(30), "node-a access logs", || async {
         let l = mesh.a.access_logs();
         (l.len() >= 2).then_some(l)
     })
@@ -122,7 +122,7 @@ async fn plain_tcp_workload_is_reached_without_hbone() {
     .await
     .unwrap();
     assert_eq!(workload::round_trip(s, b"plain").await.unwrap(), b"plain");
-    let out = eventually(Duration::from_secs(5), "node-a access log", || async {
+    let out = eventually(Duration::from_secs(30), "node-a access log", || async {
         mesh.a.access_logs().into_iter().next()
     })
     .await;
@@ -167,7 +167,7 @@ async fn server_with_the_wrong_identity_is_refused() {
         Err(socks5::Socks5Error::Reply(5)) => {}
         other => panic!("expected SOCKS5 'connection refused', got {other:?}"),
     }
-    let l = eventually(Duration::from_secs(5), "failure log", || async {
+    let l = eventually(Duration::from_secs(30), "failure log", || async {
         mesh.a
             .access_logs()
             .into_iter()
@@ -230,8 +230,8 @@ async fn config_edits_apply_live_and_bad_edits_are_refused() {
         &format!("vips: [\"/{}\", \"/{new_vip}\"]", a.vip()),
     );
     assert_ne!(edited, yaml);
-    std::fs::write(&mesh.config_a, &edited).unwrap();
-    eventually(Duration::from_secs(5), "new config version", || async {
+    weft_conformance::replace_file(&mesh.config_a, &edited).unwrap();
+    eventually(Duration::from_secs(30), "new config version", || async {
         let v = mesh.a.config_dump().await.ok()?["version"].as_u64()?;
         (v > v0).then_some(())
     })
@@ -243,8 +243,8 @@ async fn config_edits_apply_live_and_bad_edits_are_refused() {
     );
     // A broken edit is refused with its line; the last good config keeps serving.
     let broken = edited.replace(&format!("[{}]", a.client()), "[127.0.0.300]");
-    std::fs::write(&mesh.config_a, &broken).unwrap();
-    let dump = eventually(Duration::from_secs(5), "refused edit", || async {
+    weft_conformance::replace_file(&mesh.config_a, &broken).unwrap();
+    let dump = eventually(Duration::from_secs(30), "refused edit", || async {
         let d = mesh.a.config_dump().await.ok()?;
         d["config"]["lastError"].is_string().then_some(d)
     })
@@ -345,7 +345,7 @@ async fn idle_connections_time_out_and_log_level_changes_at_run_time() {
         start.elapsed()
     );
     // Either node's idle timer may fire first; the other then sees the tunnel end.
-    eventually(Duration::from_secs(5), "idle log", || async {
+    eventually(Duration::from_secs(30), "idle log", || async {
         let mut logs = mesh.a.access_logs();
         logs.extend(mesh.b.access_logs());
         logs.into_iter().find(|l| l["error"] == "idle timeout")
@@ -378,7 +378,7 @@ async fn idle_connections_time_out_and_log_level_changes_at_run_time() {
     .await
     .unwrap();
     assert_eq!(workload::round_trip(s, b"x").await.unwrap(), b"x");
-    eventually(Duration::from_secs(5), "debug line", || async {
+    eventually(Duration::from_secs(30), "debug line", || async {
         mesh.a
             .log_lines()
             .into_iter()

@@ -108,7 +108,7 @@ async fn edit(mesh: &Mesh, node_a: bool, text: &str) {
     let v0 = node.config_dump().await.unwrap()["version"]
         .as_u64()
         .unwrap();
-    std::fs::write(path, text).unwrap();
+    weft_conformance::replace_file(path, text).unwrap();
     eventually(
         Duration::from_secs(30),
         "the node applies the edit",
@@ -288,4 +288,82 @@ async fn traffic_goes_through_the_waypoint_its_destination_names() {
         b"svc via wp"
     );
     assert_eq!(wp.seen().len(), 4);
+}
+
+/// Transport policy runs before traffic is handed to the waypoint, as the Istio waypoint design says: an egress
+/// (outbound) policy plugin on the client's node, real Wasm built from `plugins/port-allowlist`, refuses a
+/// connection to a service with a waypoint before any byte of it reaches the waypoint, and once it allows the
+/// port, the same connection goes through the waypoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_egress_policy_plugin_decides_before_the_waypoint() {
+    let a = Addrs { n: 212 };
+    let allowlist = weft_plugin_host::testing::build_plugin("plugins/port-allowlist")
+        .unwrap_or_else(|e| panic!("building port-allowlist: {e}"));
+    let base = yaml(a, SVC_WP, "", "");
+    let with_egress = |ports: &str| {
+        format!(
+            "{base}plugins:\n- name: egress\n  kind: policy\n  path: {}\n  directions: [outbound]\n  \
+             config: {{\"ports\": [{ports}], \"deny_message\": \"egress port not allowed\"}}\n",
+            allowlist.display()
+        )
+    };
+    let mesh = Mesh::start(a, &with_egress("9"), &base).await.unwrap();
+    let vip = SocketAddr::from((a.vip(), 80));
+    let echo = SocketAddr::from((a.echo(), 8080));
+    let routes = HashMap::from([(vip.to_string(), Route::Hbone(echo, id("echo")))]);
+    let wp = WaypointStandIn::start(
+        IpAddr::V4(waypoint_ip(a)),
+        &mesh.ca_dir(),
+        id("waypoint"),
+        routes,
+    )
+    .await
+    .unwrap();
+    eventually(
+        Duration::from_secs(30),
+        "the egress plugin serving on node A",
+        || async {
+            let d = mesh.a.config_dump().await.ok()?;
+            d["plugins"]
+                .as_array()?
+                .iter()
+                .any(|p| p["name"] == "egress" && p["state"] == "serving")
+                .then_some(())
+        },
+    )
+    .await;
+
+    // Denied on node A: the waypoint never sees the connection.
+    assert!(echo_via(&mesh, vip, b"denied").await.is_err());
+    eventually(
+        Duration::from_secs(30),
+        "node A logs the plugin's denial",
+        || async {
+            mesh.a
+                .log_lines()
+                .iter()
+                .any(|l| l.to_string().contains("egress port not allowed"))
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        wp.seen().len(),
+        0,
+        "a denied connection reached the waypoint"
+    );
+
+    // Allowed (the service port as dialled, and the target port): through the waypoint, as without the plugin.
+    edit(&mesh, true, &with_egress("80, 8080")).await;
+    let back = eventually(
+        Duration::from_secs(30),
+        "the allowed connection",
+        || async { echo_via(&mesh, vip, b"allowed").await.ok() },
+    )
+    .await;
+    assert_eq!(back, b"allowed");
+    let seen = wp.seen();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].authority, vip.to_string());
+    assert_eq!(seen[0].peer_identity, id("client").to_string());
 }
