@@ -3,6 +3,7 @@
 
 pub mod cni;
 pub mod dig;
+pub mod gatewaymesh;
 pub mod load;
 pub mod netmesh;
 pub mod podmesh;

@@ -165,78 +165,17 @@ impl NetMesh {
         for cidr in &layout.extra_b {
             add_addr(&ns_b, &ib, cidr)?;
         }
-        let mark = format!("{MARK:#x}");
-        let outbound_rule = [
-            "-t",
-            "nat",
-            "-A",
-            "OUTPUT",
-            "-p",
-            "tcp",
-            "-o",
-            &ia,
-            "-m",
-            "mark",
-            "!",
-            "--mark",
-            &mark,
-            "-j",
-            "REDIRECT",
-            "--to-ports",
-            "15001",
-        ];
-        let inbound_rule = [
-            "-t",
-            "nat",
-            "-A",
-            "PREROUTING",
-            "-p",
-            "tcp",
-            "-i",
-            &ib,
-            "--dport",
-            "8080",
-            "-j",
-            "REDIRECT",
-            "--to-ports",
-            "15006",
-        ];
-        ns_a.exec("iptables", &outbound_rule)?;
-        ns_b.exec("iptables", &inbound_rule)?;
-        if layout.capture_ipv6 {
-            ns_a.exec("ip6tables", &outbound_rule)?;
-            ns_b.exec("ip6tables", &inbound_rule)?;
-        }
+        capture_outbound(&ns_a, &ia, layout.capture_ipv6)?;
+        capture_inbound(&ns_b, &ib, layout.capture_ipv6)?;
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let ca = dir.path().join("ca");
-        weft_devmesh::write_dev_ca(&ca, "cluster.local").map_err(|e| e.to_string())?;
-        let config = dir.path().join("mesh.yaml");
-        std::fs::write(&config, mesh_yaml).map_err(|e| e.to_string())?;
-        let weft = weft_devmesh::weft_binary()?;
-        let common = [
-            "--mark",
-            &mark,
-            "--socks5",
-            "off",
-            "--hbone",
-            "0.0.0.0:15008",
-        ];
-        let flags_a: Vec<&str> = layout.flags_a.iter().map(String::as_str).collect();
-        let flags_b: Vec<&str> = layout.flags_b.iter().map(String::as_str).collect();
-        let a_extra = [&common[..], &["--inbound-plaintext", "off"], &flags_a].concat();
-        let b_extra = [&common[..], &["--outbound", "off"], &flags_b].concat();
-        let mut a = NodeProcess::spawn(
-            &weft,
-            &node_opts("node-a", &ns_a, &config, &ca, dir.path(), &a_extra, log),
+        let (a, b) = start_nodes(
+            (&ns_a, &ns_b),
+            dir.path(),
+            mesh_yaml,
+            (&layout.flags_a, &layout.flags_b),
+            log,
         )
-        .map_err(|e| e.to_string())?;
-        let mut b = NodeProcess::spawn(
-            &weft,
-            &node_opts("node-b", &ns_b, &config, &ca, dir.path(), &b_extra, log),
-        )
-        .map_err(|e| e.to_string())?;
-        a.wait_ready(Duration::from_secs(30)).await?;
-        b.wait_ready(Duration::from_secs(30)).await?;
+        .await?;
         Ok(Self {
             ns_a,
             ns_b,
@@ -257,6 +196,105 @@ impl NetMesh {
     pub fn config_path(&self) -> PathBuf {
         self.dir.path().join("mesh.yaml")
     }
+}
+
+/// iptables (and ip6tables when `ipv6`) in `ns`: outbound TCP leaving through `dev` is redirected to weft's 15001,
+/// except weft's own sockets (marked [`MARK`]).
+pub fn capture_outbound(ns: &Netns, dev: &str, ipv6: bool) -> Result<(), String> {
+    let mark = format!("{MARK:#x}");
+    let rule = [
+        "-t",
+        "nat",
+        "-A",
+        "OUTPUT",
+        "-p",
+        "tcp",
+        "-o",
+        dev,
+        "-m",
+        "mark",
+        "!",
+        "--mark",
+        &mark,
+        "-j",
+        "REDIRECT",
+        "--to-ports",
+        "15001",
+    ];
+    ns.exec("iptables", &rule)?;
+    if ipv6 {
+        ns.exec("ip6tables", &rule)?;
+    }
+    Ok(())
+}
+
+/// iptables (and ip6tables when `ipv6`) in `ns`: plaintext arriving on `dev` for the workload port 8080 is
+/// redirected to weft's 15006.
+pub fn capture_inbound(ns: &Netns, dev: &str, ipv6: bool) -> Result<(), String> {
+    let rule = [
+        "-t",
+        "nat",
+        "-A",
+        "PREROUTING",
+        "-p",
+        "tcp",
+        "-i",
+        dev,
+        "--dport",
+        "8080",
+        "-j",
+        "REDIRECT",
+        "--to-ports",
+        "15006",
+    ];
+    ns.exec("iptables", &rule)?;
+    if ipv6 {
+        ns.exec("ip6tables", &rule)?;
+    }
+    Ok(())
+}
+
+/// Write a dev CA and `mesh_yaml` (as `mesh.yaml`) into `dir`, start node A (client side: capture listener, no
+/// plaintext inbound) in `ns.0` and node B (server side: no capture listener) in `ns.1`, each with HBONE on
+/// `0.0.0.0:15008`, the [`MARK`] and `flags` after the standard ones, and wait until both are ready.
+pub async fn start_nodes(
+    ns: (&Netns, &Netns),
+    dir: &Path,
+    mesh_yaml: &str,
+    flags: (&[String], &[String]),
+    log: &str,
+) -> Result<(NodeProcess, NodeProcess), String> {
+    let ca = dir.join("ca");
+    weft_devmesh::write_dev_ca(&ca, "cluster.local").map_err(|e| e.to_string())?;
+    let config = dir.join("mesh.yaml");
+    std::fs::write(&config, mesh_yaml).map_err(|e| e.to_string())?;
+    let weft = weft_devmesh::weft_binary()?;
+    let mark = format!("{MARK:#x}");
+    let common = [
+        "--mark",
+        &mark,
+        "--socks5",
+        "off",
+        "--hbone",
+        "0.0.0.0:15008",
+    ];
+    let flags_a: Vec<&str> = flags.0.iter().map(String::as_str).collect();
+    let flags_b: Vec<&str> = flags.1.iter().map(String::as_str).collect();
+    let a_extra = [&common[..], &["--inbound-plaintext", "off"], &flags_a].concat();
+    let b_extra = [&common[..], &["--outbound", "off"], &flags_b].concat();
+    let mut a = NodeProcess::spawn(
+        &weft,
+        &node_opts("node-a", ns.0, &config, &ca, dir, &a_extra, log),
+    )
+    .map_err(|e| e.to_string())?;
+    let mut b = NodeProcess::spawn(
+        &weft,
+        &node_opts("node-b", ns.1, &config, &ca, dir, &b_extra, log),
+    )
+    .map_err(|e| e.to_string())?;
+    a.wait_ready(Duration::from_secs(30)).await?;
+    b.wait_ready(Duration::from_secs(30)).await?;
+    Ok((a, b))
 }
 
 /// Connect from inside node A's namespace; `bypass` marks the socket so capture skips it (a direct connection).

@@ -3,7 +3,8 @@
 //! `forwarded` header and the verified identity of the peer). A waypoint re-originates HBONE, from its own address
 //! and with its own identity, to the workload the authority stands for; a network gateway forwards the tunnel's
 //! bytes (the client's inner HBONE) as they are to the remote node. Routes are the test's: a real waypoint or gateway
-//! picks the endpoint of a service by itself.
+//! picks the endpoint of a service by itself. [`WaypointStandIn::start_in`] runs one inside a network namespace, e.g.
+//! a gateway on two links that listens on one network and dials onward from its address on the other.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -12,8 +13,8 @@ use std::sync::{Arc, Mutex};
 
 use http::StatusCode;
 use tokio::net::{TcpListener, TcpSocket};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use weft_devmesh::netns::Netns;
 use weft_hbone::{ConnectRequest, H2Config, InboundRequest};
 use weft_identity::{LocalCa, ManagerConfig, SecretManager, SpiffeId, WorkloadCert};
 
@@ -45,7 +46,7 @@ pub struct WaypointStandIn {
     /// Where it terminates HBONE.
     pub addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
-    task: JoinHandle<()>,
+    stop: CancellationToken,
 }
 
 impl WaypointStandIn {
@@ -53,6 +54,58 @@ impl WaypointStandIn {
     /// where it goes on; an authority with no route is answered 503.
     pub async fn start(
         ip: IpAddr,
+        ca_dir: &Path,
+        id: SpiffeId,
+        routes: HashMap<String, Route>,
+    ) -> Result<Self, String> {
+        Self::start_from(ip, ip, ca_dir, id, routes).await
+    }
+
+    /// Like [`WaypointStandIn::start`] on a thread inside `ns` (its listener and every onward socket belong to that
+    /// namespace): it listens on `ip:15008` and dials onward from `source` (e.g. a gateway's address on the remote
+    /// network). Stops, and its thread ends, on drop.
+    pub async fn start_in(
+        ns: &Netns,
+        ip: IpAddr,
+        source: IpAddr,
+        ca_dir: &Path,
+        id: SpiffeId,
+        routes: HashMap<String, Route>,
+    ) -> Result<Self, String> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let stop = CancellationToken::new();
+        let stop_thread = stop.clone();
+        let ca_dir = ca_dir.to_path_buf();
+        let thread = ns.run(move || async move {
+            match Self::start_from(ip, source, &ca_dir, id, routes).await {
+                Ok(inner) => {
+                    let _ = tx.send(Ok((inner.addr, inner.seen.clone())));
+                    stop_thread.cancelled().await;
+                    drop(inner);
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                }
+            }
+        });
+        match rx.await {
+            Ok(started) => {
+                let (addr, seen) = started?;
+                Ok(Self { addr, seen, stop })
+            }
+            // The thread could not enter the namespace (or panicked).
+            Err(_) => Err(
+                match tokio::task::spawn_blocking(move || thread.join()).await {
+                    Ok(Ok(Err(e))) => e,
+                    _ => format!("stand-in thread in {} ended", ns.name),
+                },
+            ),
+        }
+    }
+
+    async fn start_from(
+        ip: IpAddr,
+        source: IpAddr,
         ca_dir: &Path,
         id: SpiffeId,
         routes: HashMap<String, Route>,
@@ -68,8 +121,17 @@ impl WaypointStandIn {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let routes = Arc::new(routes);
         let (seen2, cert2) = (seen.clone(), cert.clone());
-        let task = tokio::spawn(async move {
-            while let Ok((tcp, peer)) = lis.accept().await {
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        tokio::spawn(async move {
+            loop {
+                let (tcp, peer) = tokio::select! {
+                    _ = stopped.cancelled() => break,
+                    accepted = lis.accept() => match accepted {
+                        Ok(a) => a,
+                        Err(_) => break,
+                    },
+                };
                 let acceptor = tokio_rustls::TlsAcceptor::from(server_cfg.clone());
                 let (seen, cert, routes) = (seen2.clone(), cert2.clone(), routes.clone());
                 tokio::spawn(async move {
@@ -95,8 +157,7 @@ impl WaypointStandIn {
                             let (seen, cert, routes) = (seen.clone(), cert.clone(), routes.clone());
                             let peer_identity = peer_identity.clone();
                             async move {
-                                relay(req, peer, peer_identity, addr.ip(), &seen, &cert, &routes)
-                                    .await
+                                relay(req, peer, peer_identity, source, &seen, &cert, &routes).await
                             }
                         },
                     )
@@ -104,7 +165,7 @@ impl WaypointStandIn {
                 });
             }
         });
-        Ok(Self { addr, seen, task })
+        Ok(Self { addr, seen, stop })
     }
 
     /// Every CONNECT received so far.
@@ -115,7 +176,7 @@ impl WaypointStandIn {
 
 impl Drop for WaypointStandIn {
     fn drop(&mut self) {
-        self.task.abort();
+        self.stop.cancel();
     }
 }
 
@@ -123,7 +184,7 @@ async fn relay(
     req: InboundRequest,
     peer: SocketAddr,
     peer_identity: String,
-    own_ip: IpAddr,
+    source: IpAddr,
     seen: &Mutex<Vec<Seen>>,
     cert: &Arc<WorkloadCert>,
     routes: &HashMap<String, Route>,
@@ -148,7 +209,7 @@ async fn relay(
     let (target, server_id) = match route {
         Route::Hbone(target, id) => (target, id),
         Route::Raw(to) => {
-            let Ok(mut upstream) = raw(to, own_ip).await else {
+            let Ok(mut upstream) = raw(to, source).await else {
                 let _ = req.reject(StatusCode::SERVICE_UNAVAILABLE);
                 return;
             };
@@ -159,7 +220,7 @@ async fn relay(
             return;
         }
     };
-    match onward(target, server_id, own_ip, cert).await {
+    match onward(target, server_id, source, cert).await {
         Ok(mut upstream) => {
             let Ok(mut down) = req.accept(http::HeaderMap::new()) else {
                 return;
@@ -172,18 +233,18 @@ async fn relay(
     }
 }
 
-/// HBONE from the stand-in's own address to `target`'s node (port 15008 on the workload's address), which must
+/// HBONE from the stand-in's `source` address to `target`'s node (port 15008 on the workload's address), which must
 /// prove `server_id` (the workload's identity).
 async fn onward(
     target: SocketAddr,
     server_id: SpiffeId,
-    own_ip: IpAddr,
+    source: IpAddr,
     cert: &Arc<WorkloadCert>,
 ) -> Result<weft_hbone::H2Stream, StatusCode> {
     let unavailable = |_| StatusCode::SERVICE_UNAVAILABLE;
     let hbone = SocketAddr::new(target.ip(), 15008);
     let sock = TcpSocket::new_v4().map_err(unavailable)?;
-    sock.bind(SocketAddr::new(own_ip, 0)).map_err(unavailable)?;
+    sock.bind(SocketAddr::new(source, 0)).map_err(unavailable)?;
     let tcp = sock.connect(hbone).await.map_err(unavailable)?;
     let cfg = cert
         .client_config(vec![server_id])
@@ -206,9 +267,9 @@ async fn onward(
     Ok(stream)
 }
 
-/// Plain TCP from the stand-in's own address to `to`.
-async fn raw(to: SocketAddr, own_ip: IpAddr) -> std::io::Result<tokio::net::TcpStream> {
+/// Plain TCP from the stand-in's `source` address to `to`.
+async fn raw(to: SocketAddr, source: IpAddr) -> std::io::Result<tokio::net::TcpStream> {
     let sock = TcpSocket::new_v4()?;
-    sock.bind(SocketAddr::new(own_ip, 0))?;
+    sock.bind(SocketAddr::new(source, 0))?;
     sock.connect(to).await
 }

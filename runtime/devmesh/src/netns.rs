@@ -54,6 +54,38 @@ impl Netns {
         ip(&full)
     }
 
+    /// Run a command inside the namespace and return its stdout (trimmed); error with its stderr on failure.
+    pub fn output(&self, cmd: &str, args: &[&str]) -> Result<String, String> {
+        let out = Command::new("ip")
+            .args(["netns", "exec", self.name.as_str(), cmd])
+            .args(args)
+            .output()
+            .map_err(|e| format!("ip netns exec {} {cmd}: {e}", self.name))?;
+        if !out.status.success() {
+            return Err(format!(
+                "{cmd} {} in {}: {}",
+                args.join(" "),
+                self.name,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
+
+    /// [`Netns::run`], awaited without blocking the caller's runtime: `f`'s output, or why the thread failed.
+    pub async fn within<F, Fut, T>(&self, f: F) -> Result<T, String>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = T>,
+        T: Send + 'static,
+    {
+        let handle = self.run(f);
+        tokio::task::spawn_blocking(move || handle.join())
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|_| format!("thread in {} panicked", self.name))?
+    }
+
     /// Run `f`'s future to completion on a new thread that has entered this namespace.
     pub fn run<F, Fut, T>(&self, f: F) -> std::thread::JoinHandle<Result<T, String>>
     where

@@ -91,12 +91,8 @@ impl NodeProcess {
             Some(ns) => {
                 let ns = crate::netns::Netns::existing(ns);
                 let (method, path) = (method.to_owned(), path.to_owned());
-                let handle =
-                    ns.run(move || async move { crate::http::request(addr, &method, &path).await });
-                tokio::task::spawn_blocking(move || handle.join())
+                ns.within(move || async move { crate::http::request(addr, &method, &path).await })
                     .await
-                    .map_err(std::io::Error::other)?
-                    .map_err(|_| std::io::Error::other("netns thread panicked"))?
                     .map_err(std::io::Error::other)?
             }
         }
