@@ -219,7 +219,7 @@ async fn a_client_on_net1_reaches_a_service_on_net2_only_through_the_gateway() {
     let v0 = mesh.a.config_dump().await.unwrap()["version"]
         .as_u64()
         .unwrap();
-    std::fs::write(mesh.config_path(), yaml(n, "")).unwrap();
+    weft_conformance::replace_file(&mesh.config_path(), yaml(n, "")).unwrap();
     eventually(
         Duration::from_secs(30),
         "node A applies the edit",
