@@ -9,6 +9,7 @@ pub mod netmesh;
 pub mod podmesh;
 pub mod waypoint;
 pub mod xdsmesh;
+pub mod ztunnel;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};

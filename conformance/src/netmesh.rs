@@ -4,7 +4,8 @@
 //!
 //! [`NetMesh::start`] builds the standard layout (10.248.N.1 and .2); [`NetMesh::start_with`] takes a [`Layout`]:
 //! other link addresses, extra addresses of any family, the same capture for IPv6, extra `weft run` flags per node
-//! and the initial mesh file.
+//! and the initial mesh file. [`Topology`] is the same namespaces, link and capture with no proxy, for other
+//! proxies on the same layout ([`crate::ztunnel`]).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -87,6 +88,56 @@ fn add_addr(ns: &Netns, dev: &str, cidr: &str) -> Result<(), String> {
     }
 }
 
+/// Two namespaces joined by a veth pair with a node pair's capture and no proxy yet: node A's outbound TCP on the
+/// link is redirected to 15001 unless marked [`MARK`] ([`capture_outbound`]), node B's inbound TCP to 8080 goes to
+/// 15006 ([`capture_inbound`]). Both namespaces are deleted on drop. [`NetMesh`] runs weft on it;
+/// [`crate::ztunnel::ZtunnelMesh`] runs Istio's ztunnel on the same layout.
+#[derive(Debug)]
+pub struct Topology {
+    /// Node A's namespace (client side; capture on).
+    pub ns_a: Netns,
+    /// Node B's namespace (server side).
+    pub ns_b: Netns,
+    /// Node A's address on the link (the client workload's IP).
+    pub client_ip: Ipv4Addr,
+    /// Node B's address on the link (the server workload's IP).
+    pub server_ip: Ipv4Addr,
+}
+
+impl Topology {
+    /// Build the namespaces, the link, the extra addresses and the capture rules of `layout` (its flags are for
+    /// weft and unused here); `tag` keeps names unique.
+    pub fn create(tag: &str, layout: &Layout) -> Result<Self, String> {
+        let id = std::process::id() % 100_000;
+        let ns_a = Netns::create(&format!("weft-{tag}a-{id}"))?;
+        let ns_b = Netns::create(&format!("weft-{tag}b-{id}"))?;
+        let (client_ip, server_ip) = (layout.client_ip, layout.server_ip);
+        let (ia, ib) = (format!("wv{tag}a"), format!("wv{tag}b"));
+        link(
+            &ns_a,
+            &ia,
+            &format!("{client_ip}/{}", layout.prefix),
+            &ns_b,
+            &ib,
+            &format!("{server_ip}/{}", layout.prefix),
+        )?;
+        for cidr in &layout.extra_a {
+            add_addr(&ns_a, &ia, cidr)?;
+        }
+        for cidr in &layout.extra_b {
+            add_addr(&ns_b, &ib, cidr)?;
+        }
+        capture_outbound(&ns_a, &ia, layout.capture_ipv6)?;
+        capture_inbound(&ns_b, &ib, layout.capture_ipv6)?;
+        Ok(Self {
+            ns_a,
+            ns_b,
+            client_ip,
+            server_ip,
+        })
+    }
+}
+
 /// A running two-namespace mesh; nodes are killed and namespaces deleted on drop.
 #[derive(Debug)]
 pub struct NetMesh {
@@ -146,27 +197,12 @@ impl NetMesh {
         mesh_yaml: &str,
         log: &str,
     ) -> Result<Self, String> {
-        let id = std::process::id() % 100_000;
-        let ns_a = Netns::create(&format!("weft-{tag}a-{id}"))?;
-        let ns_b = Netns::create(&format!("weft-{tag}b-{id}"))?;
-        let (client_ip, server_ip) = (layout.client_ip, layout.server_ip);
-        let (ia, ib) = (format!("wv{tag}a"), format!("wv{tag}b"));
-        link(
-            &ns_a,
-            &ia,
-            &format!("{client_ip}/{}", layout.prefix),
-            &ns_b,
-            &ib,
-            &format!("{server_ip}/{}", layout.prefix),
-        )?;
-        for cidr in &layout.extra_a {
-            add_addr(&ns_a, &ia, cidr)?;
-        }
-        for cidr in &layout.extra_b {
-            add_addr(&ns_b, &ib, cidr)?;
-        }
-        capture_outbound(&ns_a, &ia, layout.capture_ipv6)?;
-        capture_inbound(&ns_b, &ib, layout.capture_ipv6)?;
+        let Topology {
+            ns_a,
+            ns_b,
+            client_ip,
+            server_ip,
+        } = Topology::create(tag, layout)?;
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let (a, b) = start_nodes(
             (&ns_a, &ns_b),
