@@ -290,8 +290,8 @@ impl Running {
     }
 }
 
-/// What one pair measured in one round.
-#[derive(Debug, Clone, Copy, Default)]
+/// What one pair measured in one round (NaN: not measured, shown as `-`).
+#[derive(Debug, Clone, Copy)]
 struct Round {
     gbps: f64,
     /// Proxy CPU (A+B) per GiB, ms.
@@ -305,6 +305,22 @@ struct Round {
     /// New connection: connect to first byte back, µs.
     setup50: f64,
     setup99: f64,
+}
+
+impl Default for Round {
+    fn default() -> Self {
+        Self {
+            gbps: f64::NAN,
+            cpu_gib_ms: f64::NAN,
+            cps: f64::NAN,
+            failed: 0,
+            cpu_conn_us: f64::NAN,
+            p50: f64::NAN,
+            p99: f64::NAN,
+            setup50: f64::NAN,
+            setup99: f64::NAN,
+        }
+    }
 }
 
 impl Pair {
