@@ -144,19 +144,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
         rogue,
         counters: Arc::default(),
     });
+    // Signal handlers before the "serving" line: a SIGTERM right after it stops the CA cleanly.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(listen = %listener.local_addr()?, fault = ?args.fault, "weft-ca serving istio.v1.auth.IstioCertificateService");
-    let shutdown = async {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(t) => t,
-                Err(_) => return std::future::pending().await,
-            };
+    let shutdown = async move {
         tokio::select! {
             _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
+            _ = int.recv() => {}
         }
         tracing::info!("weft-ca stopping");
     };

@@ -274,6 +274,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         "weft starting");
 
     control.block_on(async {
+        // Signal handlers first: a SIGTERM that arrives while weft starts (a supervisor that reads "ready" and
+        // stops it at once) is then a drain once started, never the default action's kill.
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
         let _watch = args
             .config
             .clone()
@@ -404,10 +408,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         tracing::info!("weft ready to serve");
 
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
             _ = term.recv() => tracing::info!("SIGTERM received"),
-            r = tokio::signal::ctrl_c() => { r?; tracing::info!("SIGINT received") }
+            _ = int.recv() => tracing::info!("SIGINT received"),
             () = quit.cancelled() => tracing::info!("/quitquitquit received"),
         }
         if let Some(dns) = dns {

@@ -201,6 +201,10 @@ pub fn run(args: ControlArgs, log: Option<Arc<dyn LogLevel>>) -> anyhow::Result<
         .enable_all()
         .build()?;
     rt.block_on(async move {
+        // Signal handlers before anything says it is serving: a SIGTERM right after that must stop weft control
+        // cleanly, not kill it by the default action.
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
         let (tls, auth) = tls_and_auth(&args)?;
         let running = crate::server::start(ControlConfig {
             listen: args.listen,
@@ -216,17 +220,9 @@ pub fn run(args: ControlArgs, log: Option<Arc<dyn LogLevel>>) -> anyhow::Result<
         .await?;
         let stop = running.stop.clone();
         tokio::spawn(async move {
-            let mut term =
-                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                    Ok(t) => t,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "no SIGTERM handler");
-                        return;
-                    }
-                };
             tokio::select! {
                 _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
+                _ = int.recv() => {}
             }
             tracing::info!("weft control stopping");
             stop.cancel();
