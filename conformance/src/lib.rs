@@ -223,3 +223,17 @@ pub fn replace_file(path: &Path, contents: impl AsRef<[u8]>) -> std::io::Result<
     std::fs::write(&tmp, contents)?;
     std::fs::rename(&tmp, path)
 }
+
+/// Replace `node`'s mesh file at `path` with `text` ([`replace_file`]) and wait until the node has applied it (its
+/// `/config_dump` version moved on).
+pub async fn edit_mesh_file(node: &NodeProcess, path: &Path, text: &str) {
+    let version = || async { node.config_dump().await.ok()?["version"].as_u64() };
+    let v0 = version().await.expect("the node's config version");
+    replace_file(path, text).expect("replacing the mesh file");
+    eventually(
+        Duration::from_secs(30),
+        "the node applies the edit",
+        || async { version().await.filter(|v| *v > v0) },
+    )
+    .await;
+}

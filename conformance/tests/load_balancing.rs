@@ -95,19 +95,7 @@ async fn who(mesh: &Mesh) -> Result<String, String> {
 }
 
 async fn edit(mesh: &Mesh, text: &str) {
-    let v0 = mesh.a.config_dump().await.unwrap()["version"]
-        .as_u64()
-        .unwrap();
-    weft_conformance::replace_file(&mesh.config_a, text).unwrap();
-    eventually(
-        Duration::from_secs(30),
-        "node A applies the edit",
-        || async {
-            let v = mesh.a.config_dump().await.ok()?["version"].as_u64()?;
-            (v > v0).then_some(())
-        },
-    )
-    .await;
+    weft_conformance::edit_mesh_file(&mesh.a, &mesh.config_a, text).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -99,25 +99,12 @@ async fn echo_via(mesh: &Mesh, dst: SocketAddr, what: &[u8]) -> Result<Vec<u8>, 
 }
 
 async fn edit(mesh: &Mesh, node_a: bool, text: &str) {
-    let node = if node_a { &mesh.a } else { &mesh.b };
-    let path = if node_a {
-        &mesh.config_a
+    let (node, path) = if node_a {
+        (&mesh.a, &mesh.config_a)
     } else {
-        &mesh.config_b
+        (&mesh.b, &mesh.config_b)
     };
-    let v0 = node.config_dump().await.unwrap()["version"]
-        .as_u64()
-        .unwrap();
-    weft_conformance::replace_file(path, text).unwrap();
-    eventually(
-        Duration::from_secs(30),
-        "the node applies the edit",
-        || async {
-            let v = node.config_dump().await.ok()?["version"].as_u64()?;
-            (v > v0).then_some(())
-        },
-    )
-    .await;
+    weft_conformance::edit_mesh_file(node, path, text).await;
 }
 
 /// Node B's inbound access log lines so far, by source identity.
