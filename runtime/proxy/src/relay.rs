@@ -3,7 +3,8 @@
 //!
 //! Bytes move as owned chunks ([`Bytes`]): a chunk read from an HBONE stream is the DATA frame h2 decoded, written
 //! to the socket as is, and a chunk read from a socket is handed to h2 without another copy. Read buffers are not
-//! zeroed and start small, growing only while reads fill them.
+//! zeroed and start small, growing only while reads fill them; a socket read reserves its buffer only once the
+//! socket is readable, and a small connection drops it after a short read, so an idle connection holds none.
 
 use std::future::Future;
 use std::io;
@@ -12,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::time::Instant;
 use weft_hbone::{H2RecvHalf, H2SendHalf};
@@ -44,10 +45,19 @@ pub trait RelayWrite: Send {
 }
 
 impl RelayRead for OwnedReadHalf {
+    /// Waits until the socket is readable before it reserves room, so a connection waiting for bytes holds no
+    /// read buffer (what 10,000 idle connections cost is then the kernel's, not ours).
     async fn read_chunk(&mut self, buf: &mut BytesMut, want: usize) -> io::Result<Option<Bytes>> {
-        buf.reserve(want);
-        let n = self.read_buf(buf).await?;
-        Ok((n > 0).then(|| buf.split().freeze()))
+        loop {
+            self.readable().await?;
+            buf.reserve(want);
+            match self.try_read_buf(buf) {
+                Ok(n) => return Ok((n > 0).then(|| buf.split().freeze())),
+                // A spurious readiness: give the room back while waiting again.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => *buf = BytesMut::new(),
+                Err(e) => return Err(e),
+            }
+        }
     }
 }
 
@@ -153,6 +163,10 @@ where
         count.fetch_add(n as u64, Ordering::Relaxed);
         if n >= want && want < MAX_BUF {
             want = (want * 4).min(MAX_BUF);
+        } else if want == MIN_BUF {
+            // A short read at the smallest size: the socket is drained and the connection is likely to wait, so
+            // do not keep the buffer through the wait (the next read allocates once the socket is readable).
+            buf = BytesMut::new();
         }
     }
 }
@@ -213,6 +227,7 @@ where
 mod tests {
     #![allow(clippy::unwrap_used)] // test code: a panic fails the test
 
+    use tokio::io::AsyncReadExt;
     use tokio::net::TcpStream;
 
     use super::*;
