@@ -27,12 +27,14 @@ impl Inner {
                 return;
             }
         };
-        let state = self.state.current();
-        let Some(wl) = state
+        // Only the workload is kept: an HBONE connection lives long, and must not pin this state snapshot.
+        let wl = self
+            .state
+            .current()
             .workload_by_ip(local.ip())
             .filter(|w| self.is_local(w) && w.protocol == TunnelProtocol::Hbone)
-            .cloned()
-        else {
+            .cloned();
+        let Some(wl) = wl else {
             self.metrics.fail("inbound", "unknown_local_address");
             tracing::warn!(%peer, %local, "HBONE connection to an address that is no local HBONE workload; closing");
             return;
@@ -153,13 +155,33 @@ impl Inner {
         served_id: SpiffeId,
         peer_id: Arc<String>,
     ) {
+        // Setting up (routing, policy, dialling the workload) is boxed: its state is on the heap only while it runs,
+        // so an established connection's task holds the relay's state and nothing of its setup (nor the state
+        // snapshot it routed with).
+        let setup = Box::pin(self.setup_hbone_stream(req, peer, local, served_id, peer_id));
+        let Some(s) = setup.await else { return };
+        self.run(s.record, s.epoch, "hbone", s.via, s.tunnel, s.upstream)
+            .await;
+    }
+
+    /// Everything up to the relay of one CONNECT stream; `None` when it was refused or failed (reported here).
+    async fn setup_hbone_stream(
+        &self,
+        req: InboundRequest,
+        peer: SocketAddr,
+        local: SocketAddr,
+        served_id: SpiffeId,
+        peer_id: Arc<String>,
+    ) -> Option<InboundSetup> {
         let reject = |req: InboundRequest,
                       status: StatusCode,
                       reason: &'static str,
-                      why: String| {
+                      why: String|
+         -> Option<InboundSetup> {
             self.metrics.fail("inbound", reason);
             tracing::warn!(%peer, authority = req.authority(), %status, "HBONE CONNECT refused: {why}");
             let _ = req.reject(status);
+            None
         };
         if req.method() != Method::CONNECT {
             let m = req.method().to_string();
@@ -250,20 +272,20 @@ impl Inner {
         };
         let Ok(epoch) = self.authorize_inbound(&record, via) else {
             let _ = req.reject(StatusCode::UNAUTHORIZED);
-            return;
+            return None;
         };
         let Ok(mut upstream) = self
             .connect_workload(&record, via, tunnel.connect, tunnel.bind)
             .await
         else {
             let _ = req.reject(StatusCode::SERVICE_UNAVAILABLE);
-            return;
+            return None;
         };
         let stream = match req.accept(HeaderMap::new()) {
             Ok(s) => s,
             Err(e) => {
                 self.failed(&record, via, "h2", Verdict::Allow, e.to_string(), "-");
-                return;
+                return None;
             }
         };
         if tunnel.proxy_protocol {
@@ -279,14 +301,28 @@ impl Inner {
                     error,
                     "CONNECT",
                 );
-                return;
+                return None;
             }
         }
         let (tr, tw) = stream.into_split();
         let (ur, uw) = upstream.into_split();
-        self.run(record, epoch, "hbone", via, Halves(tr, tw), Halves(ur, uw))
-            .await;
+        Some(InboundSetup {
+            record,
+            epoch,
+            via,
+            tunnel: Halves(tr, tw),
+            upstream: Halves(ur, uw),
+        })
     }
+}
+
+/// An inbound CONNECT stream ready to relay: what [`Inner::run`] needs of its setup.
+struct InboundSetup {
+    record: Arc<ConnectionRecord>,
+    epoch: u64,
+    via: Via,
+    tunnel: Halves<weft_hbone::H2RecvHalf, weft_hbone::H2SendHalf>,
+    upstream: Halves<tokio::net::tcp::OwnedReadHalf, tokio::net::tcp::OwnedWriteHalf>,
 }
 
 /// Why a `hostname:port` authority names no local target.

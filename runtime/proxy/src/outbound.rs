@@ -576,7 +576,9 @@ impl Inner {
                 return;
             }
         };
-        if let Ok(est) = self.establish_outbound(src, dst).await {
+        // Boxed: resolving, asking policy and connecting is on the heap only while it runs, so an established
+        // connection's task holds the relay's state alone.
+        if let Ok(est) = Box::pin(self.establish_outbound(src, dst)).await {
             self.run_outbound(client, est).await;
         }
     }

@@ -49,12 +49,14 @@ impl Inner {
             dst_service: None,
             hbone: false,
         });
+        // The connection must not pin the state snapshot it was routed with.
+        drop((dst_wl, state));
         let Ok(epoch) = self.authorize_inbound(&record, Via::NONE) else {
             return;
         };
-        let Ok(upstream) = self
-            .connect_workload(&record, Via::NONE, record.dst, None)
-            .await
+        // Boxed: the dial's state is on the heap only while it runs.
+        let Ok(upstream) =
+            Box::pin(self.connect_workload(&record, Via::NONE, record.dst, None)).await
         else {
             return;
         };

@@ -108,7 +108,8 @@ impl Inner {
                     return;
                 }
             };
-        match self.establish_outbound(src, dst).await {
+        // Boxed, as for a captured connection: the relay's task keeps nothing of the setup.
+        match Box::pin(self.establish_outbound(src, dst)).await {
             Ok(est) => {
                 if reply(&mut client, REP_OK).await.is_ok() {
                     self.run_outbound(client, est).await;

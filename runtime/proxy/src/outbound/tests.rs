@@ -398,3 +398,24 @@ async fn a_silent_peer_times_out() {
     assert_eq!(last_close(&hooks).response_flags, "CONNECT");
     held.abort();
 }
+
+/// What a long-lived connection's task holds is the relay, not its setup: resolving, policy and the HBONE connect
+/// run boxed, so the captured-connection future is smaller than the setup future it awaits (inline, it would be at
+/// least as large).
+#[tokio::test]
+async fn a_captured_connection_holds_its_setup_only_while_it_runs() {
+    let n = Net(40);
+    let identity = testkit::identity();
+    let (inner, _) = node_a(n, &identity);
+    let (_peer, ours) = testkit::tcp_pair().await;
+    let setup = inner.establish_outbound(n.client(), n.echo());
+    let setup_size = std::mem::size_of_val(&setup);
+    drop(setup);
+    let whole = inner.clone().handle_captured(ours, n.client());
+    let whole_size = std::mem::size_of_val(&whole);
+    assert!(
+        whole_size < setup_size,
+        "a captured connection's future is {whole_size} bytes, its setup's {setup_size}: the setup is held inline \
+         for the connection's whole life"
+    );
+}
