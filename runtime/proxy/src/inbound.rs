@@ -109,12 +109,13 @@ impl Inner {
                 // Each stream is counted from its dispatch (this runs before its task is spawned), so a drain
                 // waits for a CONNECT that arrived before the GOAWAY even while it is still being set up.
                 let tracked = me.tracker.accepted();
-                let me = me.clone();
-                let peer_id = peer_id.clone();
-                let id = id.clone();
-                tracked.serve(
-                    async move { me.handle_hbone_stream(req, peer, local, id, peer_id).await },
-                )
+                tracked.serve(me.clone().handle_hbone_stream(
+                    req,
+                    peer,
+                    local,
+                    id.clone(),
+                    peer_id.clone(),
+                ))
             })
             .await;
         if let Err(e) = served {

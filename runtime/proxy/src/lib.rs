@@ -446,14 +446,10 @@ where
                 let inner = inner.clone();
                 let open = OpenGuard::new(open.clone());
                 let span = tracing::debug_span!("conn", listener = what, %peer);
-                tokio::spawn(tracing::Instrument::instrument(
-                    async move {
-                        // Held until the connection ends, however it ends (the task may be aborted).
-                        let _slot = (permit, open);
-                        tracked.serve(handler(inner, stream, peer)).await;
-                    },
-                    span,
-                ));
+                // The slot is held until the connection ends, however it ends (the task may be aborted). No
+                // `async` block around the handler: it would store the handler's future twice.
+                let conn = tracked.serve_holding(handler(inner, stream, peer), (permit, open));
+                tokio::spawn(tracing::Instrument::instrument(conn, span));
             }
             Err(e) => {
                 // EMFILE and friends: back off briefly instead of spinning.

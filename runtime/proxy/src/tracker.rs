@@ -5,10 +5,12 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use weft_hooks::{ConnectionHooks, ConnectionRecord, Verdict};
 
 /// Live connections re-checked per batch (see [`ConnTracker::recheck`]).
@@ -120,15 +122,50 @@ impl std::fmt::Debug for AcceptGuard {
 impl AcceptGuard {
     /// Run the connection's whole life (`conn`) while counted. It is dropped (closing its sockets) only when the
     /// tracker abandons what is left at the very end of a drain.
-    pub async fn serve(self, conn: impl Future<Output = ()>) {
-        let abandoned = self.tracker.abandoned.clone();
-        tokio::select! {
-            biased;
-            () = conn => {}
-            () = abandoned.cancelled() => {
-                tracing::debug!("connection abandoned at the end of the drain");
-            }
+    pub fn serve<F: Future<Output = ()>>(self, conn: F) -> Serve<F, ()> {
+        self.serve_holding(conn, ())
+    }
+
+    /// [`serve`](Self::serve), also keeping `hold` (a permit, a gauge guard) until the connection ends.
+    pub fn serve_holding<F: Future<Output = ()>, H>(self, conn: F, hold: H) -> Serve<F, H> {
+        Serve {
+            conn,
+            abandoned: self.tracker.abandoned.clone().cancelled_owned(),
+            _guard: self,
+            _hold: hold,
         }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A connection's life while counted ([`AcceptGuard::serve`]). A future of its own rather than an `async fn`, so
+    /// the connection's future is stored once, in place: an `async` wrapper keeps both the argument it was given
+    /// and the moved copy it awaits, and every long-lived connection would pay for its future twice or more.
+    pub struct Serve<F, H> {
+        #[pin]
+        conn: F,
+        #[pin]
+        abandoned: WaitForCancellationFutureOwned,
+        // Dropped after the connection (fields drop in order): it is counted until its sockets are closed.
+        _guard: AcceptGuard,
+        _hold: H,
+    }
+}
+
+impl<F: Future<Output = ()>, H> Future for Serve<F, H> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.project();
+        // The connection first: a connection that ends as the drain gives up ends as itself.
+        if this.conn.poll(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        if this.abandoned.poll(cx).is_ready() {
+            tracing::debug!("connection abandoned at the end of the drain");
+            return Poll::Ready(());
+        }
+        Poll::Pending
     }
 }
 
@@ -381,6 +418,25 @@ mod tests {
     }
 
     /// An accepted connection not established yet keeps `wait_idle` waiting; `abandon` drops its task.
+    /// Serving a connection stores its future once: what a long-lived connection's task holds is its own state,
+    /// not two or three copies of it (as an `async` wrapper would keep).
+    #[test]
+    fn serving_stores_the_connection_future_once() {
+        let tracker = Arc::new(ConnTracker::default());
+        let conn = async {
+            let state = [1u8; 4096];
+            tokio::task::yield_now().await;
+            std::hint::black_box(state);
+        };
+        let alone = std::mem::size_of_val(&conn);
+        let served = tracker.accepted().serve_holding(conn, ());
+        let size = std::mem::size_of_val(&served);
+        assert!(
+            size < alone + 256,
+            "serving a {alone}-byte connection future takes {size} bytes"
+        );
+    }
+
     #[tokio::test]
     async fn accepted_connections_count_until_their_task_ends() {
         let tracker = Arc::new(ConnTracker::default());
