@@ -351,9 +351,14 @@ impl PluginHost {
         policies: Vec<Arc<Policy>>,
     ) -> ApplyReport {
         let host = self.clone();
-        match tokio::task::spawn_blocking(move || host.apply_inner(version, &specs, &policies))
-            .await
-        {
+        let apply = move || {
+            let report = host.apply_inner(version, &specs, &policies);
+            // Compiling a plugin allocates and frees tens of megabytes on this thread; give the freed pages back
+            // so a node's resident memory is what it serves with, not the compiler's high-water mark.
+            crate::engine::release_freed_memory();
+            report
+        };
+        match tokio::task::spawn_blocking(apply).await {
             Ok(report) => report,
             Err(e) => ApplyReport {
                 plugins: vec![PluginOutcome {

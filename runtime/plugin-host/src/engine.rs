@@ -140,6 +140,18 @@ struct DiskCache {
     key: [u8; KEY_LEN],
 }
 
+/// Returns the allocator's free pages to the kernel (glibc keeps what a thread freed in that thread's arena, so
+/// after a compile the process would stay at the compiler's peak). Elsewhere a no-op.
+pub(crate) fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists; it takes the allocator's locks itself and has
+    // no preconditions.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 fn euid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     #[allow(unsafe_code)]

@@ -2,7 +2,8 @@
 //! and one worker thread converts them once and hands them to every telemetry plugin in batches.
 
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, Sender, SyncSender};
 
 use arc_swap::ArcSwap;
 use prometheus_client::metrics::counter::Counter;
@@ -20,8 +21,14 @@ pub(crate) enum Msg {
 }
 
 /// The sending side, held by the host.
+///
+/// The bound is a count, not a preallocated ring: a bounded channel would allocate (and touch) every one of its
+/// `capacity` slots up front, megabytes of resident memory for an idle node; this channel's memory follows what is
+/// actually queued.
 pub(crate) struct TelemetryQueue {
-    tx: SyncSender<Msg>,
+    tx: Sender<Msg>,
+    queued: Arc<AtomicUsize>,
+    capacity: usize,
     dropped: Counter,
 }
 
@@ -32,20 +39,36 @@ impl TelemetryQueue {
         batch: usize,
         dropped: Counter,
     ) -> std::io::Result<Self> {
-        let (tx, rx) = std::sync::mpsc::sync_channel(capacity.max(1));
+        let (queue, rx) = Self::unstarted(capacity, dropped);
+        let queued = queue.queued.clone();
         std::thread::Builder::new()
             .name("weft-plugin-telemetry".into())
-            .spawn(move || worker(rx, chain, batch.max(1)))?;
-        Ok(Self { tx, dropped })
+            .spawn(move || worker(rx, &queued, chain, batch.max(1)))?;
+        Ok(queue)
     }
 
-    /// Queues an event without blocking.
+    /// The queue and the receiving end its worker reads.
+    fn unstarted(capacity: usize, dropped: Counter) -> (Self, Receiver<Msg>) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let queue = Self {
+            tx,
+            queued: Arc::new(AtomicUsize::new(0)),
+            capacity: capacity.max(1),
+            dropped,
+        };
+        (queue, rx)
+    }
+
+    /// Queues an event without blocking; a full queue drops it and counts the drop.
     pub fn send(&self, msg: Msg) {
-        match self.tx.try_send(msg) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                self.dropped.inc();
-            }
+        if self.queued.fetch_add(1, Ordering::Relaxed) >= self.capacity {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            self.dropped.inc();
+            return;
+        }
+        if self.tx.send(msg).is_err() {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            self.dropped.inc();
         }
     }
 
@@ -58,13 +81,16 @@ impl TelemetryQueue {
     }
 }
 
-fn worker(rx: Receiver<Msg>, chain: Arc<ArcSwap<Chain>>, batch: usize) {
+fn worker(rx: Receiver<Msg>, queued: &AtomicUsize, chain: Arc<ArcSwap<Chain>>, batch: usize) {
     let mut records: Vec<ConnectionRecord> = Vec::with_capacity(batch);
     let mut events: Vec<wit::Event> = Vec::with_capacity(batch);
     let mut flushes = Vec::new();
     while let Ok(first) = rx.recv() {
         let mut next = Some(first);
         while let Some(msg) = next.take() {
+            if !matches!(msg, Msg::Flush(_)) {
+                queued.fetch_sub(1, Ordering::Relaxed);
+            }
             match msg {
                 Msg::Opened(c) => {
                     events.push(wit::Event::Opened(convert::connection_info(&c)));
@@ -110,5 +136,56 @@ fn deliver(chain: &Chain, records: &[ConnectionRecord], events: &[wit::Event]) {
                 plugin.on_events(&picked);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code: a panic fails the test
+
+    use std::net::SocketAddr;
+
+    use weft_hooks::Direction;
+
+    use super::*;
+
+    fn record() -> ConnectionRecord {
+        let a = SocketAddr::from(([10, 0, 0, 1], 1000));
+        ConnectionRecord {
+            id: 1,
+            direction: Direction::Outbound,
+            src: a,
+            dst: a,
+            peer_identity: None,
+            src_workload: None,
+            dst_workload: None,
+            dst_service: None,
+            hbone: true,
+        }
+    }
+
+    /// Past its bound the queue drops and counts, and what the worker takes makes room again.
+    #[test]
+    fn a_full_queue_drops_and_counts_and_frees_room_as_the_worker_reads() {
+        let dropped = Counter::default();
+        let (queue, rx) = TelemetryQueue::unstarted(2, dropped.clone());
+        for _ in 0..3 {
+            queue.send(Msg::Opened(record()));
+        }
+        assert_eq!(dropped.get(), 1);
+        assert_eq!(queue.queued.load(Ordering::Relaxed), 2);
+        // The worker: one message read is one slot free.
+        let chain = Arc::new(ArcSwap::from_pointee(Chain::default()));
+        drop(rx.recv().unwrap());
+        queue.queued.fetch_sub(1, Ordering::Relaxed);
+        queue.send(Msg::Opened(record()));
+        assert_eq!(dropped.get(), 1);
+        // A worker started on the rest drains it, and a flush answers once it has.
+        let queued = queue.queued.clone();
+        let worker = std::thread::spawn(move || worker(rx, &queued, chain, 16));
+        queue.flush();
+        assert_eq!(queue.queued.load(Ordering::Relaxed), 0);
+        drop(queue);
+        worker.join().unwrap();
     }
 }
