@@ -40,23 +40,23 @@ impl TelemetryQueue {
         dropped: Counter,
     ) -> std::io::Result<Self> {
         let (queue, rx) = Self::unstarted(capacity, dropped);
-        let queued = queue.queued.clone();
         std::thread::Builder::new()
             .name("weft-plugin-telemetry".into())
-            .spawn(move || worker(rx, &queued, chain, batch.max(1)))?;
+            .spawn(move || worker(rx, chain, batch.max(1)))?;
         Ok(queue)
     }
 
     /// The queue and the receiving end its worker reads.
-    fn unstarted(capacity: usize, dropped: Counter) -> (Self, Receiver<Msg>) {
+    fn unstarted(capacity: usize, dropped: Counter) -> (Self, QueueRx) {
         let (tx, rx) = std::sync::mpsc::channel();
+        let queued = Arc::new(AtomicUsize::new(0));
         let queue = Self {
             tx,
-            queued: Arc::new(AtomicUsize::new(0)),
+            queued: queued.clone(),
             capacity: capacity.max(1),
             dropped,
         };
-        (queue, rx)
+        (queue, QueueRx { rx, queued })
     }
 
     /// Queues an event without blocking; a full queue drops it and counts the drop.
@@ -81,16 +81,38 @@ impl TelemetryQueue {
     }
 }
 
-fn worker(rx: Receiver<Msg>, queued: &AtomicUsize, chain: Arc<ArcSwap<Chain>>, batch: usize) {
+/// The receiving side: every event taken frees its room in the bound.
+struct QueueRx {
+    rx: Receiver<Msg>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl QueueRx {
+    fn taken(&self, msg: Msg) -> Msg {
+        if !matches!(msg, Msg::Flush(_)) {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+        }
+        msg
+    }
+
+    /// The next message, waiting for one; `None` once every sender is gone.
+    fn recv(&self) -> Option<Msg> {
+        self.rx.recv().ok().map(|m| self.taken(m))
+    }
+
+    /// The next message if one is queued.
+    fn try_recv(&self) -> Option<Msg> {
+        self.rx.try_recv().ok().map(|m| self.taken(m))
+    }
+}
+
+fn worker(rx: QueueRx, chain: Arc<ArcSwap<Chain>>, batch: usize) {
     let mut records: Vec<ConnectionRecord> = Vec::with_capacity(batch);
     let mut events: Vec<wit::Event> = Vec::with_capacity(batch);
     let mut flushes = Vec::new();
-    while let Ok(first) = rx.recv() {
+    while let Some(first) = rx.recv() {
         let mut next = Some(first);
         while let Some(msg) = next.take() {
-            if !matches!(msg, Msg::Flush(_)) {
-                queued.fetch_sub(1, Ordering::Relaxed);
-            }
             match msg {
                 Msg::Opened(c) => {
                     events.push(wit::Event::Opened(convert::connection_info(&c)));
@@ -106,7 +128,7 @@ fn worker(rx: Receiver<Msg>, queued: &AtomicUsize, chain: Arc<ArcSwap<Chain>>, b
                 Msg::Flush(done) => flushes.push(done),
             }
             if events.len() < batch {
-                next = rx.try_recv().ok();
+                next = rx.try_recv();
             }
         }
         if !events.is_empty() {
@@ -174,15 +196,13 @@ mod tests {
         }
         assert_eq!(dropped.get(), 1);
         assert_eq!(queue.queued.load(Ordering::Relaxed), 2);
-        // The worker: one message read is one slot free.
-        let chain = Arc::new(ArcSwap::from_pointee(Chain::default()));
+        // One message taken is one slot free.
         drop(rx.recv().unwrap());
-        queue.queued.fetch_sub(1, Ordering::Relaxed);
         queue.send(Msg::Opened(record()));
         assert_eq!(dropped.get(), 1);
         // A worker started on the rest drains it, and a flush answers once it has.
-        let queued = queue.queued.clone();
-        let worker = std::thread::spawn(move || worker(rx, &queued, chain, 16));
+        let chain = Arc::new(ArcSwap::from_pointee(Chain::default()));
+        let worker = std::thread::spawn(move || worker(rx, chain, 16));
         queue.flush();
         assert_eq!(queue.queued.load(Ordering::Relaxed), 0);
         drop(queue);

@@ -417,7 +417,6 @@ mod tests {
         assert!(tracker.is_empty());
     }
 
-    /// An accepted connection not established yet keeps `wait_idle` waiting; `abandon` drops its task.
     /// Serving a connection stores its future once: what a long-lived connection's task holds is its own state,
     /// not two or three copies of it (as an `async` wrapper would keep).
     #[test]
@@ -437,6 +436,7 @@ mod tests {
         );
     }
 
+    /// An accepted connection not established yet keeps `wait_idle` waiting; `abandon` drops its task.
     #[tokio::test]
     async fn accepted_connections_count_until_their_task_ends() {
         let tracker = Arc::new(ConnTracker::default());
