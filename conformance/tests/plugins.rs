@@ -420,3 +420,82 @@ async fn misbehaving_plugins_are_contained() {
     .await;
     assert!(try_conn(&mesh, 666).await.is_ok(), "fail-open must allow");
 }
+
+/// `weft run` compiles plugins in a child (`weft compile-plugin`, the real binary): what it compiles serves, a
+/// component it finds invalid is rejected with the parser's reason, and its artifact lands in the disk compile
+/// cache, verified, so a host whose compiler cannot even start loads it from there.
+#[test]
+fn plugins_compile_in_a_weft_child_process_and_land_in_the_compile_cache() {
+    use weft_hooks::{ConnectionHooks, Verdict};
+    use weft_plugin_host::testing::{conn, pinned_code, spec};
+    use weft_plugin_host::{Compiler, HostConfig, Outcome, PluginHost, SubprocessCompiler};
+
+    let weft = weft_devmesh::weft_binary().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let host_with = |program: PathBuf| {
+        PluginHost::new(HostConfig {
+            prewarm_instances: 1,
+            cache_dir: Some(cache.path().join("compiled")),
+            compiler: Compiler::Subprocess(SubprocessCompiler {
+                program,
+                args: vec!["compile-plugin".into()],
+                timeout: Duration::from_secs(120),
+            }),
+            ..HostConfig::default()
+        })
+        .unwrap()
+    };
+    let wasm = wasm("port-allowlist");
+    let mut allowlist = spec(
+        "p",
+        weft_state::PluginKind::Policy,
+        &wasm,
+        r#"{"ports": [80]}"#,
+    );
+    allowlist.source = pinned_code(&wasm).unwrap();
+    let allowlist = Arc::new(allowlist);
+    let peer = Some("spiffe://cluster.local/ns/shop/sa/frontend");
+
+    let host = host_with(weft.clone());
+    let report = host.apply(std::slice::from_ref(&allowlist), &[]);
+    assert!(
+        matches!(report.get("p"), Some(Outcome::Loaded { .. })),
+        "{report:?}"
+    );
+    assert_eq!(host.authorize(&conn(80, peer)), Verdict::Allow);
+    assert!(!host.authorize(&conn(81, peer)).is_allow());
+
+    let mut broken = (*allowlist).clone();
+    broken.name = "broken".into();
+    // A component's preamble (magic, version 0x0d, layer 1) and then a section that is not one.
+    broken.source = weft_state::PluginSource::Inline(Arc::new(
+        b"\0asm\x0d\x00\x01\x00\xff\x05garbage".to_vec(),
+    ));
+    let report = host.apply(&[allowlist.clone(), Arc::new(broken)], &[]);
+    match report.get("broken") {
+        Some(Outcome::Rejected { reason, .. }) => assert!(
+            reason.starts_with("not a valid WebAssembly component: ") && reason.len() > 40,
+            "the child's parser reason is passed on: {reason}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        !host.authorize(&conn(81, peer)).is_allow(),
+        "p still serves"
+    );
+    drop(host);
+
+    let entries = std::fs::read_dir(cache.path().join("compiled"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".cwasm"))
+        .count();
+    assert_eq!(entries, 1, "the child's artifact was cached");
+    let host = host_with("/nonexistent/weft".into());
+    let report = host.apply(std::slice::from_ref(&allowlist), &[]);
+    assert!(
+        matches!(report.get("p"), Some(Outcome::Loaded { .. })),
+        "loaded from the compile cache without a compiler: {report:?}"
+    );
+    assert!(!host.authorize(&conn(81, peer)).is_allow());
+}

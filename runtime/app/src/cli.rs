@@ -37,6 +37,14 @@ pub enum Command {
     /// Serve the mesh and plugins to nodes over Delta ADS (the control plane for plugins, and for meshes
     /// without istiod).
     Control(Box<weft_control::cli::ControlArgs>),
+    /// Compile one plugin component (stdin) to an artifact (stdout) for `weft run`'s plugin host, which runs this
+    /// in a child process so the node never pages in the compiler. Not for direct use.
+    #[command(hide = true)]
+    CompilePlugin {
+        /// The engine settings (`--memory-limit N --max-wasm-stack N`), from the parent.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        settings: Vec<String>,
+    },
 }
 
 /// `weft ca ...`
@@ -231,6 +239,13 @@ pub struct RunArgs {
     /// Directory where compiled plugins are cached by content hash (none: compile on every start).
     #[arg(long, env = "WEFT_PLUGIN_CACHE")]
     pub plugin_cache: Option<PathBuf>,
+    /// Where plugins are compiled. subprocess: in a short-lived child (this same executable), so the compiler's
+    /// code and memory never stay resident in the node; in-process: in the node itself.
+    #[arg(long, env = "WEFT_PLUGIN_COMPILER", value_enum, default_value_t = PluginCompiler::Subprocess)]
+    pub plugin_compiler: PluginCompiler,
+    /// A plugin compile still running after this is stopped and the plugin version rejected.
+    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    pub plugin_compile_timeout: Duration,
     /// Docker config.json with registry credentials for plugin code pulled from OCI registries (oci:// in a
     /// plugin resource); re-read on every pull. A resource's own pull secret (Istio's) is tried first.
     #[arg(long, env = "WEFT_PLUGIN_PULL_SECRET")]
@@ -341,4 +356,13 @@ fn parse_ratio(s: &str) -> Result<f64, String> {
     } else {
         Err(format!("{v} is not within 0..1"))
     }
+}
+
+/// `weft run --plugin-compiler`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PluginCompiler {
+    /// A child process per compile.
+    Subprocess,
+    /// The node process.
+    InProcess,
 }

@@ -31,5 +31,14 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Demo(args) => demo::run(args),
         Command::Control(args) => weft_control::cli::main(*args),
+        Command::CompilePlugin { settings } => {
+            let code = weft_plugin_host::compile_child_main(
+                settings,
+                std::io::stdin().lock(),
+                std::io::stdout().lock(),
+                std::io::stderr().lock(),
+            );
+            std::process::exit(code)
+        }
     }
 }

@@ -12,12 +12,12 @@ use tokio_util::sync::CancellationToken;
 use weft_admin::{AdminHandler, Server};
 use weft_hooks::ConnectionHooks;
 use weft_identity::{ManagerConfig, SecretManager, SpiffeId};
-use weft_plugin_host::{HostConfig, Outcome, PluginHost};
+use weft_plugin_host::{Compiler, HostConfig, Outcome, PluginHost, SubprocessCompiler};
 use weft_proxy::{InboundBind, Proxy, ProxyConfig, ProxyMetrics};
 use weft_state::{MeshState, StateStore, TunnelProtocol};
 
 use crate::admin::{Node, NodeCollector};
-use crate::cli::{HboneListen, Listen, RunArgs};
+use crate::cli::{HboneListen, Listen, PluginCompiler, RunArgs};
 use crate::logging;
 
 fn opt(l: Listen) -> Option<std::net::SocketAddr> {
@@ -154,6 +154,15 @@ fn plugin_host_config(args: &RunArgs) -> HostConfig {
         .max((args.worker_threads.max(1) + 1) * 2 + 2);
     HostConfig {
         cache_dir: args.plugin_cache.clone(),
+        compiler: match args.plugin_compiler {
+            PluginCompiler::InProcess => Compiler::InProcess,
+            PluginCompiler::Subprocess => Compiler::Subprocess(SubprocessCompiler {
+                // The running binary itself, even if its file was replaced since it started.
+                program: "/proc/self/exe".into(),
+                args: vec!["compile-plugin".into()],
+                timeout: args.plugin_compile_timeout,
+            }),
+        },
         rollout: weft_state::PluginRollout {
             window: args.plugin_rollout_window,
             max_failure_ppm: weft_state::PluginRollout::ppm(args.plugin_rollout_max_failure_ratio),

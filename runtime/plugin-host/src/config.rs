@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use weft_state::PluginRollout;
 
+use crate::compiler::{Compiler, EngineSettings};
 use crate::rollout::{Clock, SystemClock};
 
 /// How the plugin host runs plugins. `Default` gives production values.
@@ -16,6 +17,8 @@ pub struct HostConfig {
     /// are keyed by the component's sha256 and the engine settings and verified with an HMAC (key `cache.key`,
     /// 0600, in the directory) before they are loaded; a bad entry is compiled again and rewritten.
     pub cache_dir: Option<PathBuf>,
+    /// Where plugins are compiled (`weft run`: a child process, so the node never pages in the compiler).
+    pub compiler: Compiler,
     /// Per-call budget for `authorize` and telemetry batches: CPU time of the calling thread, checked at epoch
     /// ticks (so OS preemption does not count against a plugin), with a wall-clock cap of 100× the budget.
     pub call_deadline: Duration,
@@ -72,6 +75,7 @@ impl Default for HostConfig {
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
         Self {
             cache_dir: None,
+            compiler: Compiler::InProcess,
             call_deadline: Duration::from_millis(10),
             configure_deadline: Duration::from_secs(1),
             epoch_tick: Duration::from_millis(1),
@@ -91,6 +95,16 @@ impl Default for HostConfig {
             telemetry_batch: 256,
             rollout: crate::rollout::default_rollout(),
             clock: Arc::new(SystemClock::default()),
+        }
+    }
+}
+
+impl HostConfig {
+    /// The settings that decide what compiled code looks like (the node's engine and a compiler child's).
+    pub fn engine_settings(&self) -> EngineSettings {
+        EngineSettings {
+            memory_limit: self.memory_limit,
+            max_wasm_stack: self.max_wasm_stack,
         }
     }
 }

@@ -24,8 +24,9 @@ use hmac::{Hmac, Mac};
 use rand::TryRngCore;
 use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
+use crate::compiler::{Compiled, Compiler, EngineSettings};
 use crate::config::HostConfig;
 use crate::error::LoadError;
 
@@ -41,9 +42,9 @@ const TAG_LEN: usize = 32;
 const KEY_FILE: &str = "cache.key";
 const KEY_LEN: usize = 32;
 /// Largest entry read back (a compiled plugin is a few MiB).
-const MAX_ENTRY_BYTES: u64 = 512 << 20;
+const MAX_ENTRY_BYTES: u64 = crate::compiler::MAX_ARTIFACT_BYTES;
 
-/// Builds the engine from the host config.
+/// Builds the engine from the host config: the compile settings plus the pooling allocator.
 pub(crate) fn build_engine(cfg: &HostConfig) -> Result<Engine, String> {
     let mut pool = PoolingAllocationConfig::default();
     let slots = cfg.max_instances.max(1);
@@ -55,17 +56,8 @@ pub(crate) fn build_engine(cfg: &HostConfig) -> Result<Engine, String> {
         .max_memories_per_component(MEMORIES_PER_COMPONENT)
         .max_tables_per_component(TABLES_PER_COMPONENT)
         .max_memory_size(cfg.memory_limit);
-    let mut config = Config::new();
-    config
-        .epoch_interruption(true)
-        .wasm_component_model(true)
-        .max_wasm_stack(cfg.max_wasm_stack)
-        // Reserve only what the cap allows (slots × reservation is the address space the pool takes); bounds
-        // checks stay cheap and a grow past the cap is refused by the limiter first.
-        .memory_reservation(cfg.memory_limit as u64)
-        .memory_reservation_for_growth(0)
-        .memory_guard_size(64 << 10)
-        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    let mut config = cfg.engine_settings().config();
+    config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     Engine::new(&config).map_err(|e| format!("cannot create the wasm engine: {e:#}"))
 }
 
@@ -335,15 +327,22 @@ fn write_atomically(dir: &Path, name: &str, parts: &[&[u8]]) -> std::io::Result<
 /// Compiled components by content hash.
 pub(crate) struct CompileCache {
     engine: Engine,
+    compiler: Compiler,
+    settings: EngineSettings,
     disk: Option<DiskCache>,
     engine_key: String,
     memory: Mutex<HashMap<String, (Component, Instant)>>,
 }
 
 impl CompileCache {
-    /// A cache for `engine`, on disk in `dir` if that directory is (or can be made) weft's own; otherwise, with a
-    /// WARN, in memory only.
-    pub fn new(engine: Engine, dir: Option<PathBuf>) -> Self {
+    /// A cache for `engine` (built from `settings`) whose misses `compiler` compiles, on disk in `dir` if that
+    /// directory is (or can be made) weft's own; otherwise, with a WARN, in memory only.
+    pub fn new(
+        engine: Engine,
+        settings: EngineSettings,
+        compiler: Compiler,
+        dir: Option<PathBuf>,
+    ) -> Self {
         let disk = dir.and_then(|dir| match DiskCache::open(&dir) {
             Ok(d) => Some(d),
             Err(e) => {
@@ -358,6 +357,8 @@ impl CompileCache {
         Self {
             engine_key: engine_key(&engine),
             engine,
+            compiler,
+            settings,
             disk,
             memory: Mutex::new(HashMap::new()),
         }
@@ -374,18 +375,7 @@ impl CompileCache {
         }
         let component = match self.load_from_disk(sha) {
             Some(c) => c,
-            None => {
-                let started = Instant::now();
-                let c = Component::new(&self.engine, bytes)
-                    .map_err(|e| LoadError::Compile(format!("{e:#}")))?;
-                tracing::info!(
-                    sha256 = sha,
-                    ms = started.elapsed().as_millis() as u64,
-                    "plugin compiled"
-                );
-                self.store_to_disk(sha, &c);
-                c
-            }
+            None => self.compile(sha, bytes)?,
         };
         if let Ok(mut mem) = self.memory.lock() {
             if mem.len() >= MEMORY_CACHE_ENTRIES
@@ -398,6 +388,39 @@ impl CompileCache {
             }
             mem.insert(sha.to_string(), (component.clone(), Instant::now()));
         }
+        Ok(component)
+    }
+
+    /// Compiles `bytes` with the configured compiler, loads the result and writes it to the disk cache.
+    fn compile(&self, sha: &str, bytes: &[u8]) -> Result<Component, LoadError> {
+        let started = Instant::now();
+        let component = match self.compiler.compile(&self.engine, self.settings, bytes)? {
+            Compiled::Loaded(c) => {
+                self.store_to_disk(sha, || c.serialize().map_err(|e| format!("{e:#}")));
+                c
+            }
+            Compiled::Artifact(artifact) => {
+                // SAFETY: `artifact` was just produced, for these bytes, by a compiler child: this very
+                // executable (`/proc/self/exe` in `weft run`), run with the settings this engine was built from,
+                // writing `Engine::precompile_component`'s output into a pipe only this process reads. wasmtime
+                // checks its header (version, target, flags, tunables) against this engine before loading.
+                #[allow(unsafe_code)]
+                let loaded = unsafe { Component::deserialize(&self.engine, &artifact) };
+                let c = loaded.map_err(|e| {
+                    LoadError::Compiler(format!(
+                        "the compiled artifact does not load into this engine: {e:#}"
+                    ))
+                })?;
+                self.store_to_disk(sha, || Ok(artifact));
+                c
+            }
+        };
+        tracing::info!(
+            sha256 = sha,
+            compiler = self.compiler.name(),
+            ms = started.elapsed().as_millis() as u64,
+            "plugin compiled"
+        );
         Ok(component)
     }
 
@@ -432,14 +455,13 @@ impl CompileCache {
         }
     }
 
-    fn store_to_disk(&self, sha: &str, component: &Component) {
+    fn store_to_disk(&self, sha: &str, artifact: impl FnOnce() -> Result<Vec<u8>, String>) {
         let Some(disk) = self.disk.as_ref() else {
             return;
         };
         let name = self.name(sha);
-        let written = component
-            .serialize()
-            .map_err(|e| std::io::Error::other(format!("{e:#}")))
+        let written = artifact()
+            .map_err(std::io::Error::other)
             .and_then(|bytes| disk.write(&name, sha, &self.engine_key, &bytes));
         if let Err(e) = written {
             tracing::warn!(path = %disk.path(&name).display(), error = %e, "cannot write the compile cache");

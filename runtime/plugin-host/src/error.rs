@@ -24,6 +24,9 @@ pub enum LoadError {
     /// Not a valid component (garbage, a core module, a compile error).
     #[error("not a valid WebAssembly component: {0}")]
     Compile(String),
+    /// The compiler process could not compile it (could not start, crashed, timed out, wrote a bad artifact).
+    #[error("the plugin compiler failed: {0}")]
+    Compiler(String),
     /// A component of another world (e.g. a telemetry plugin loaded as a policy plugin), or with imports the host
     /// does not offer (WASI, network, filesystem...).
     #[error("component does not fit the {world} world: {reason}")]

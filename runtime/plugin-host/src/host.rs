@@ -111,7 +111,12 @@ impl PluginHost {
             metrics.telemetry_dropped.clone(),
         )?;
         let shared = Arc::new(Shared {
-            cache: CompileCache::new(engine.clone(), config.cache_dir.clone()),
+            cache: CompileCache::new(
+                engine.clone(),
+                config.engine_settings(),
+                config.compiler.clone(),
+                config.cache_dir.clone(),
+            ),
             engine,
             limits,
             metrics,

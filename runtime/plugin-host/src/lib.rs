@@ -25,6 +25,7 @@ mod apply;
 pub mod bindings;
 mod budget;
 mod chain;
+mod compiler;
 mod config;
 mod convert;
 mod engine;
@@ -45,6 +46,7 @@ pub mod testing;
 mod wasi;
 
 pub use apply::{ApplyReport, Outcome, PluginOutcome};
+pub use compiler::{Compiler, EngineSettings, SubprocessCompiler, compile_child_main};
 pub use config::HostConfig;
 pub use engine::sha256_hex;
 pub use error::{CallError, ErrorKind, LoadError};

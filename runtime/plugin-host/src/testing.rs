@@ -150,6 +150,17 @@ fn cargo_build(dir: &Path, args: &[&str]) -> Result<Vec<PathBuf>, BuildError> {
     Ok(wasm)
 }
 
+/// A plugin's code read under the wasm build lock into an inline source. Another test (or test binary) may
+/// rebuild the plugins meanwhile: a spec naming the file could be re-read in the middle of a rewrite and look like
+/// new (or broken) code.
+pub fn pinned_code(wasm: &Path) -> Result<PluginSource, std::io::Error> {
+    let lock = std::fs::File::create(wasm_target_dir().join(".weft-build.lock"))?;
+    lock.lock()?;
+    let bytes = std::fs::read(wasm)?;
+    drop(lock);
+    Ok(PluginSource::Inline(Arc::new(bytes)))
+}
+
 /// A spec for tests: the given kind and code, default everything else (fail-closed, priority 0, inbound, all
 /// workloads, recheck on).
 pub fn spec(name: &str, kind: PluginKind, wasm: &Path, config: &str) -> PluginSpec {

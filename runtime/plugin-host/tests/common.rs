@@ -39,16 +39,7 @@ pub fn host() -> PluginHost {
 
 pub const PEER: &str = "spiffe://cluster.local/ns/shop/sa/frontend";
 
-/// A plugin's code read under the wasm build lock into an inline source. Another test (or test binary) may rebuild
-/// the plugins meanwhile: a spec naming the file could be re-read in the middle of a rewrite and look like new (or
-/// broken) code.
+/// [`weft_plugin_host::testing::pinned_code`].
 pub fn pinned_code(wasm: &std::path::Path) -> weft_state::PluginSource {
-    let lock = std::fs::File::create(
-        weft_plugin_host::testing::wasm_target_dir().join(".weft-build.lock"),
-    )
-    .expect("build lock");
-    lock.lock().expect("lock");
-    let bytes = std::fs::read(wasm).expect("read plugin");
-    drop(lock);
-    weft_state::PluginSource::Inline(Arc::new(bytes))
+    weft_plugin_host::testing::pinned_code(wasm).expect("read plugin")
 }

@@ -1,0 +1,314 @@
+//! Where plugin components are compiled to machine code: in this process, or in a short-lived child process
+//! that hands back the compiled artifact, so the node never pages in the compiler.
+//!
+//! Compiling runs Cranelift: several MiB of code and a heap high-water mark that a node proxy would otherwise
+//! keep resident for its whole life, for a step that happens only when a plugin changes. With
+//! [`Compiler::Subprocess`], the node runs its own executable (`/proc/self/exe`: the very binary it runs, even if
+//! the file was replaced since) with a subcommand that calls [`compile_child_main`]: the component's bytes go in
+//! on stdin, the compiled artifact comes out on stdout, and a reason on stderr with exit code 1 when the bytes are
+//! not a valid component. The node then only loads the artifact.
+//!
+//! The child builds its engine from the same [`EngineSettings`] as the node's engine, so the artifact is compiled
+//! for exactly the node's tunables; wasmtime checks that again when the node loads it. A child that cannot be
+//! started, crashes, is killed, outlives its deadline or writes more than the size cap fails the load with
+//! [`LoadError::Compiler`]: the plugin is rejected, its previous version keeps serving, and nothing falls back to
+//! compiling in the node.
+
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use wasmtime::{Config, Engine};
+
+use crate::error::LoadError;
+
+/// Largest artifact accepted from a compiler child (a compiled plugin is a few MiB).
+pub(crate) const MAX_ARTIFACT_BYTES: u64 = 512 << 20;
+/// Most bytes of a child's stderr kept for the error message.
+const MAX_REASON_BYTES: u64 = 8 << 10;
+/// Exit code of a child whose input is not a valid component (anything else is a compiler failure).
+const EXIT_INVALID: i32 = 1;
+/// Exit code of a child whose own setup failed (bad arguments, no engine).
+const EXIT_SETUP: i32 = 2;
+
+/// How plugins are compiled.
+#[derive(Debug, Clone, Default)]
+pub enum Compiler {
+    /// In this process (library users, tests).
+    #[default]
+    InProcess,
+    /// In a child process per compile.
+    Subprocess(SubprocessCompiler),
+}
+
+/// A child process that compiles one component: `program args.. --memory-limit N --max-wasm-stack N`, which must
+/// call [`compile_child_main`] with those settings.
+#[derive(Debug, Clone)]
+pub struct SubprocessCompiler {
+    /// The executable (`weft run` uses `/proc/self/exe`).
+    pub program: PathBuf,
+    /// Arguments before the engine settings (`weft run`: the hidden `compile-plugin` subcommand).
+    pub args: Vec<OsString>,
+    /// A child still running after this is killed and the load fails.
+    pub timeout: Duration,
+}
+
+/// The engine settings that decide what compiled code looks like; the node's engine and a compiler child's are
+/// built from the same values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineSettings {
+    /// Linear memory cap per instance (also the memory reservation the code's bounds checks assume).
+    pub memory_limit: usize,
+    /// Wasm stack cap per call.
+    pub max_wasm_stack: usize,
+}
+
+impl EngineSettings {
+    /// The wasmtime configuration these settings give, without an allocation strategy (the node adds its pool;
+    /// the allocator does not change the compiled code).
+    pub(crate) fn config(&self) -> Config {
+        let mut config = Config::new();
+        config
+            .epoch_interruption(true)
+            .wasm_component_model(true)
+            .max_wasm_stack(self.max_wasm_stack)
+            // Reserve only what the cap allows (slots × reservation is the address space the pool takes); bounds
+            // checks stay cheap and a grow past the cap is refused by the limiter first.
+            .memory_reservation(self.memory_limit as u64)
+            .memory_reservation_for_growth(0)
+            .memory_guard_size(64 << 10);
+        config
+    }
+
+    fn args(&self) -> [OsString; 4] {
+        [
+            "--memory-limit".into(),
+            self.memory_limit.to_string().into(),
+            "--max-wasm-stack".into(),
+            self.max_wasm_stack.to_string().into(),
+        ]
+    }
+
+    /// Parses what [`Self::args`] wrote (`--memory-limit N --max-wasm-stack N`, in any order).
+    pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Self, String> {
+        let mut memory_limit = None;
+        let mut max_wasm_stack = None;
+        let mut it = args.into_iter();
+        while let Some(flag) = it.next() {
+            let slot = match flag.as_str() {
+                "--memory-limit" => &mut memory_limit,
+                "--max-wasm-stack" => &mut max_wasm_stack,
+                other => return Err(format!("unknown argument {other:?}")),
+            };
+            let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+            *slot = Some(
+                value
+                    .parse::<usize>()
+                    .map_err(|e| format!("{flag} {value:?}: {e}"))?,
+            );
+        }
+        Ok(Self {
+            memory_limit: memory_limit.ok_or("--memory-limit is missing")?,
+            max_wasm_stack: max_wasm_stack.ok_or("--max-wasm-stack is missing")?,
+        })
+    }
+}
+
+/// What a compile produced.
+pub(crate) enum Compiled {
+    /// Compiled and loaded in this process.
+    Loaded(wasmtime::component::Component),
+    /// The artifact from a compiler child, still to be loaded.
+    Artifact(Vec<u8>),
+}
+
+impl Compiler {
+    /// Compiles `bytes` (a component): in this process with `engine`, or in a child for an engine built from
+    /// `settings` (the ones `engine` was built from).
+    pub(crate) fn compile(
+        &self,
+        engine: &Engine,
+        settings: EngineSettings,
+        bytes: &[u8],
+    ) -> Result<Compiled, LoadError> {
+        match self {
+            Self::InProcess => wasmtime::component::Component::new(engine, bytes)
+                .map(Compiled::Loaded)
+                .map_err(|e| LoadError::Compile(format!("{e:#}"))),
+            Self::Subprocess(child) => child.compile(settings, bytes).map(Compiled::Artifact),
+        }
+    }
+
+    /// `in-process` or `subprocess`, for logs.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Self::InProcess => "in-process",
+            Self::Subprocess(_) => "subprocess",
+        }
+    }
+}
+
+impl SubprocessCompiler {
+    fn compile(&self, settings: EngineSettings, bytes: &[u8]) -> Result<Vec<u8>, LoadError> {
+        let failed =
+            |what: String| LoadError::Compiler(format!("{}: {what}", self.program.display()));
+        let mut child = Command::new(&self.program)
+            .args(&self.args)
+            .args(settings.args())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| failed(format!("cannot start the compiler process: {e}")))?;
+        let (Some(mut stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(failed("the compiler process has no pipes".into()));
+        };
+        // The three pipes are served at once (a child blocked writing a full stdout would never read the rest
+        // of its input); the artifact reader reports when the child closed stdout, i.e. finished or died.
+        let input = bytes.to_vec();
+        let writer = std::thread::Builder::new()
+            .name("weft-compile-in".into())
+            .spawn(move || stdin.write_all(&input))
+            .map_err(|e| failed(format!("cannot start a thread: {e}")))?;
+        let errors = std::thread::Builder::new()
+            .name("weft-compile-err".into())
+            .spawn(move || {
+                let mut text = Vec::new();
+                let mut capped = stderr.take(MAX_REASON_BYTES);
+                let _ = capped.read_to_end(&mut text);
+                // Drain the rest so the child never blocks on a full pipe.
+                let _ = std::io::copy(&mut capped.into_inner(), &mut std::io::sink());
+                String::from_utf8_lossy(&text).trim().to_string()
+            })
+            .map_err(|e| failed(format!("cannot start a thread: {e}")))?;
+        let (done, finished) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("weft-compile-out".into())
+            .spawn(move || {
+                let mut artifact = Vec::new();
+                let read = stdout
+                    .take(MAX_ARTIFACT_BYTES + 1)
+                    .read_to_end(&mut artifact)
+                    .map(|_| artifact);
+                let _ = done.send(read);
+            })
+            .map_err(|e| failed(format!("cannot start a thread: {e}")))?;
+        let artifact = match finished.recv_timeout(self.timeout) {
+            Ok(read) => read,
+            Err(_) => {
+                // Still running (or its stdout was handed on): not reaped yet, so the pid is still this child's.
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(failed(format!(
+                    "the compiler process did not finish within {:?} and was killed",
+                    self.timeout
+                )));
+            }
+        };
+        let status = child
+            .wait()
+            .map_err(|e| failed(format!("cannot wait for the compiler process: {e}")))?;
+        let reason = errors.join().unwrap_or_default();
+        let _ = writer.join();
+        match status.code() {
+            Some(0) => {}
+            Some(EXIT_INVALID) => return Err(LoadError::Compile(reason)),
+            _ => {
+                return Err(failed(format!(
+                    "the compiler process failed ({status}){}",
+                    if reason.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {reason}")
+                    }
+                )));
+            }
+        }
+        let artifact =
+            artifact.map_err(|e| failed(format!("cannot read the compiled artifact: {e}")))?;
+        if artifact.len() as u64 > MAX_ARTIFACT_BYTES {
+            return Err(failed(format!(
+                "the compiled artifact is larger than {MAX_ARTIFACT_BYTES} bytes"
+            )));
+        }
+        if artifact.is_empty() {
+            return Err(failed("the compiler process wrote no artifact".into()));
+        }
+        Ok(artifact)
+    }
+}
+
+/// The compiler child's whole job: read a component from `input`, compile it for an engine built from the
+/// arguments (see [`EngineSettings::parse_args`]) and write the artifact to `output`. Returns the process exit
+/// code: 0, 1 (the input is not a valid component; the reason is on `errors`) or 2 (bad arguments, I/O).
+pub fn compile_child_main<I, R, W, E>(args: I, mut input: R, mut output: W, mut errors: E) -> i32
+where
+    I: IntoIterator<Item = String>,
+    R: Read,
+    W: Write,
+    E: Write,
+{
+    let mut fail = |code: i32, why: String| {
+        let _ = writeln!(errors, "{why}");
+        code
+    };
+    let settings = match EngineSettings::parse_args(args) {
+        Ok(s) => s,
+        Err(e) => return fail(EXIT_SETUP, format!("bad arguments: {e}")),
+    };
+    let engine = match Engine::new(&settings.config()) {
+        Ok(e) => e,
+        Err(e) => return fail(EXIT_SETUP, format!("cannot create the wasm engine: {e:#}")),
+    };
+    let mut bytes = Vec::new();
+    if let Err(e) = input.read_to_end(&mut bytes) {
+        return fail(EXIT_SETUP, format!("cannot read the component: {e}"));
+    }
+    let artifact = match engine.precompile_component(&bytes) {
+        Ok(a) => a,
+        Err(e) => return fail(EXIT_INVALID, format!("{e:#}")),
+    };
+    if let Err(e) = output.write_all(&artifact).and_then(|()| output.flush()) {
+        return fail(EXIT_SETUP, format!("cannot write the artifact: {e}"));
+    }
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_round_trip_through_the_child_arguments() {
+        let s = EngineSettings {
+            memory_limit: 16 << 20,
+            max_wasm_stack: 512 << 10,
+        };
+        let args = s.args().map(|a| a.into_string().unwrap_or_default());
+        assert_eq!(EngineSettings::parse_args(args), Ok(s));
+        assert!(EngineSettings::parse_args(["--memory-limit".to_string()]).is_err());
+        assert!(EngineSettings::parse_args(["--bogus".to_string(), "1".to_string()]).is_err());
+        assert!(
+            EngineSettings::parse_args(["--memory-limit".to_string(), "1".to_string()]).is_err(),
+            "both settings are required"
+        );
+    }
+
+    #[test]
+    fn the_child_rejects_bytes_that_are_not_a_component_with_exit_1_and_a_reason() {
+        let mut out = Vec::new();
+        let mut err = Vec::new();
+        let args = ["--memory-limit", "1048576", "--max-wasm-stack", "65536"].map(String::from);
+        let code = compile_child_main(args, &b"not wasm"[..], &mut out, &mut err);
+        assert_eq!(code, EXIT_INVALID);
+        assert!(out.is_empty());
+        assert!(!err.is_empty(), "a reason is written");
+    }
+}
