@@ -3,7 +3,15 @@
 //! budget, so a call preempted by the OS (a busy node, more threads than cores) is not killed for time it never
 //! ran, while a runaway plugin is stopped once it has burnt its budget. A wall-clock cap (100× the budget) bounds
 //! the worst case anyway.
+//!
+//! Reading a thread's CPU clock is a system call (about a microsecond, a third of a whole policy decision), so a
+//! call does not read it when it starts: it takes an upper bound from the thread's last reading plus the wall time
+//! since (a thread's CPU time cannot grow faster than the wall clock), and reads the clock only when that reading
+//! is older than [`CPU_CLOCK_REFRESH`]. A start that is too late can only make the measured use smaller, by at
+//! most that interval: a call gets at most that much more CPU than its budget, never less. The check, which runs
+//! only for calls that outlive an epoch deadline, reads the clock itself.
 
+use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use wasmtime::{StoreContextMut, UpdateDeadline};
@@ -24,6 +32,31 @@ pub(crate) fn thread_cpu_time() -> Duration {
         return Duration::ZERO;
     }
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// How old this thread's last CPU clock reading may be before a call start reads the clock again.
+pub(crate) const CPU_CLOCK_REFRESH: Duration = Duration::from_millis(2);
+
+thread_local! {
+    /// This thread's last CPU clock reading and the wall time it was taken at.
+    static LAST_CPU_READING: Cell<Option<(Duration, Instant)>> = const { Cell::new(None) };
+}
+
+/// The current thread's CPU time, read now, remembered for [`thread_cpu_time_upper_bound`].
+fn read_thread_cpu_time(now: Instant) -> Duration {
+    let cpu = thread_cpu_time();
+    LAST_CPU_READING.with(|r| r.set(Some((cpu, now))));
+    cpu
+}
+
+/// A value at least the current thread's CPU time at `now` and at most [`CPU_CLOCK_REFRESH`] above it: the last
+/// reading plus the wall time since, or a fresh reading when the last is older than that (or from the future,
+/// which `now` being an earlier instant would mean).
+pub(crate) fn thread_cpu_time_upper_bound(now: Instant) -> Duration {
+    match LAST_CPU_READING.with(Cell::get) {
+        Some((cpu, at)) if now >= at && now - at <= CPU_CLOCK_REFRESH => cpu + (now - at),
+        _ => read_thread_cpu_time(now),
+    }
 }
 
 /// The budget of the call in progress.
@@ -47,14 +80,15 @@ impl Budget {
 
     /// Starts a call with `budget`; returns the epoch ticks to the first check.
     pub fn start(&mut self, budget: Duration) -> u64 {
-        self.cpu_start = thread_cpu_time();
-        self.wall_start = Instant::now();
+        let now = Instant::now();
+        self.cpu_start = thread_cpu_time_upper_bound(now);
+        self.wall_start = now;
         self.cpu_budget = budget;
         ticks(budget, self.tick)
     }
 
     fn check(&self) -> UpdateDeadline {
-        let used = thread_cpu_time().saturating_sub(self.cpu_start);
+        let used = read_thread_cpu_time(Instant::now()).saturating_sub(self.cpu_start);
         if used >= self.cpu_budget || self.wall_start.elapsed() >= self.cpu_budget * 100 {
             UpdateDeadline::Interrupt
         } else {
@@ -76,4 +110,76 @@ pub(crate) fn on_deadline(
     store: StoreContextMut<'_, StoreData>,
 ) -> wasmtime::Result<UpdateDeadline> {
     Ok(store.data().budget.check())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Burns this thread's CPU for about `d` of wall time.
+    fn spin(d: Duration) {
+        let until = Instant::now() + d;
+        let mut x = 0u64;
+        while Instant::now() < until {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+    }
+
+    #[test]
+    fn a_start_bounds_the_cpu_clock_from_above_by_at_most_the_refresh_interval() {
+        for round in 0..200 {
+            let before = thread_cpu_time();
+            let bound = thread_cpu_time_upper_bound(Instant::now());
+            let after = thread_cpu_time();
+            assert!(bound >= before, "round {round}: {bound:?} < {before:?}");
+            assert!(
+                bound <= after + CPU_CLOCK_REFRESH,
+                "round {round}: {bound:?} > {after:?} + refresh"
+            );
+            spin(Duration::from_micros(50));
+        }
+    }
+
+    #[test]
+    fn a_call_start_reuses_a_recent_reading_and_refreshes_an_old_one() {
+        let t0 = Instant::now();
+        let first = read_thread_cpu_time(t0);
+        // Within the refresh interval: the last reading plus the wall time since, no new reading.
+        let later = t0 + CPU_CLOCK_REFRESH / 2;
+        assert_eq!(
+            thread_cpu_time_upper_bound(later),
+            first + CPU_CLOCK_REFRESH / 2
+        );
+        assert_eq!(LAST_CPU_READING.with(Cell::get), Some((first, t0)));
+        // Past it: read again (taken at `much_later`).
+        let much_later = t0 + CPU_CLOCK_REFRESH * 3;
+        let fresh = thread_cpu_time_upper_bound(much_later);
+        assert_eq!(
+            LAST_CPU_READING.with(Cell::get).map(|(_, at)| at),
+            Some(much_later)
+        );
+        assert!(fresh >= first);
+    }
+
+    /// Burns this thread's CPU until it has used `d` more (however long the OS keeps it off a core).
+    fn spin_cpu(d: Duration) {
+        let until = thread_cpu_time() + d;
+        while thread_cpu_time() < until {
+            std::hint::black_box(());
+        }
+    }
+
+    #[test]
+    fn the_check_measures_cpu_spent_since_the_start() {
+        // Budget 50 ms (wall cap 5 s), 1 ms of CPU spent: the call continues.
+        let mut b = Budget::new(Duration::from_millis(1));
+        b.start(Duration::from_millis(50));
+        spin_cpu(Duration::from_millis(1));
+        assert!(matches!(b.check(), UpdateDeadline::Continue(_)));
+        // Budget 2 ms: at most the refresh interval is forgiven, so budget + refresh + 1 ms of CPU is over it.
+        let mut b = Budget::new(Duration::from_millis(1));
+        b.start(Duration::from_millis(2));
+        spin_cpu(Duration::from_millis(3) + CPU_CLOCK_REFRESH);
+        assert!(matches!(b.check(), UpdateDeadline::Interrupt));
+    }
 }
