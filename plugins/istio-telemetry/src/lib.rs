@@ -27,13 +27,13 @@
 //! - `spiffePrefix`: principal labels as ztunnel writes them, `spiffe://td/ns/x/sa/y` (default true); false drops
 //!   the `spiffe://`.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use weft_plugin_sdk::json::Value;
 use weft_plugin_sdk::log::Level;
-use weft_plugin_sdk::metrics::{Counter, Gauge};
+use weft_plugin_sdk::metrics::{Counter, CounterSeries, Gauge, GaugeSeries};
 use weft_plugin_sdk::{CloseInfo, ConnectionInfo, Direction, Telemetry, Verdict, WorkloadMeta};
 
 /// ztunnel's traffic labels, in its order.
@@ -281,61 +281,119 @@ impl Report {
     }
 }
 
+/// One label set (the kept label values of a connection) and its series in each counter, registered with the host
+/// the first time they are needed, so a connection's updates pass handles, not 27 strings each.
+struct LabelSet {
+    values: Vec<String>,
+    series: [Option<CounterSeries>; 5],
+}
+
+/// Which counter of a label set (index into [`LabelSet::series`]).
+#[derive(Clone, Copy)]
+enum Which {
+    Opened = 0,
+    Closed = 1,
+    Failed = 2,
+    Sent = 3,
+    Received = 4,
+}
+
 /// The plugin: options, metric handles, the label sets seen and the connections open.
 pub struct IstioTelemetry {
     options: Options,
     label_names: Vec<&'static str>,
-    opened: Counter,
-    closed: Counter,
-    failed: Counter,
-    sent: Counter,
-    received: Counter,
-    sockets: Gauge,
+    /// opened, closed, failed, sent, received (the order of [`Which`]).
+    counters: [Counter; 5],
+    sockets: [Option<GaugeSeries>; 2],
+    sockets_gauge: Gauge,
     overflow: Counter,
-    series: HashSet<u64>,
-    live: HashSet<u64>,
+    /// Label sets by the hash of their values (probing on a collision), as indices into `sets`.
+    index: HashMap<u64, usize>,
+    sets: Vec<LabelSet>,
+    /// Connections reported open, with the label set of their open.
+    live: HashMap<u64, usize>,
+}
+
+fn hash_of(kept: &[&str], probe: u64) -> u64 {
+    let mut h = DefaultHasher::new();
+    kept.hash(&mut h);
+    h.finish().wrapping_add(probe)
 }
 
 impl IstioTelemetry {
-    /// The kept label values of a report, the label set capped.
-    fn labels<'a>(&mut self, values: &'a [String]) -> Vec<&'a str> {
+    /// The label set of a report's values (the kept ones), created if new; past `maxSeries` label sets a new one
+    /// is recorded with every unbounded label set to `overflow`.
+    fn label_set(&mut self, values: &[String]) -> usize {
         let mut kept: Vec<&str> = self
             .options
             .keep
             .iter()
             .map(|&i| values[i].as_str())
             .collect();
-        let mut h = DefaultHasher::new();
-        kept.hash(&mut h);
-        let key = h.finish();
-        if self.series.contains(&key) {
-            return kept;
+        if let Some(i) = self.find(&kept) {
+            return i;
         }
-        if self.series.len() < self.options.max_series {
-            self.series.insert(key);
-            return kept;
-        }
-        self.overflow.inc(&[]);
-        for (slot, &i) in kept.iter_mut().zip(&self.options.keep) {
-            if !BOUNDED.contains(&i) {
-                *slot = OVERFLOW;
+        // The overflow sets themselves are few (one per combination of bounded labels) and not capped.
+        let overflowing = self.sets.len() >= self.options.max_series;
+        if overflowing {
+            self.overflow.inc(&[]);
+            for (slot, &i) in kept.iter_mut().zip(&self.options.keep) {
+                if !BOUNDED.contains(&i) {
+                    *slot = OVERFLOW;
+                }
+            }
+            if let Some(i) = self.find(&kept) {
+                return i;
             }
         }
-        kept
+        let mut probe = 0;
+        while self.index.contains_key(&hash_of(&kept, probe)) {
+            probe += 1;
+        }
+        let i = self.sets.len();
+        self.index.insert(hash_of(&kept, probe), i);
+        self.sets.push(LabelSet {
+            values: kept.iter().map(|v| v.to_string()).collect(),
+            series: [None; 5],
+        });
+        i
     }
 
-    fn reporter(info: &ConnectionInfo) -> &'static str {
-        match info.conn.direction {
-            Direction::Inbound => "destination",
-            Direction::Outbound => "source",
+    fn find(&self, kept: &[&str]) -> Option<usize> {
+        let mut probe = 0;
+        while let Some(&i) = self.index.get(&hash_of(kept, probe)) {
+            if self.sets[i].values.iter().map(String::as_str).eq(kept.iter().copied()) {
+                return Some(i);
+            }
+            probe += 1;
+        }
+        None
+    }
+
+    /// Adds to one counter of a label set (its series registered on first use; a series the host refuses, e.g.
+    /// past its cap, is counted there as dropped and tried again next time).
+    fn add(&mut self, set: usize, which: Which, value: u64) {
+        let entry = &mut self.sets[set];
+        let slot = &mut entry.series[which as usize];
+        if slot.is_none() {
+            let values: Vec<&str> = entry.values.iter().map(String::as_str).collect();
+            *slot = self.counters[which as usize].series(&values).ok();
+        }
+        if let Some(s) = slot {
+            s.add(value);
         }
     }
 
-    fn opened_now(&mut self, info: &ConnectionInfo, report: &Report) {
-        let labels = self.labels(&report.values);
-        self.opened.inc(&labels);
-        if self.live.len() < MAX_LIVE && self.live.insert(info.conn.id) {
-            self.sockets.add(&[Self::reporter(info)], 1);
+    fn sockets_add(&mut self, info: &ConnectionInfo, delta: i64) {
+        let (i, reporter) = match info.conn.direction {
+            Direction::Inbound => (0, "destination"),
+            Direction::Outbound => (1, "source"),
+        };
+        if self.sockets[i].is_none() {
+            self.sockets[i] = self.sockets_gauge.series(&[reporter]).ok();
+        }
+        if let Some(s) = &self.sockets[i] {
+            s.add(delta);
         }
     }
 }
@@ -346,38 +404,42 @@ impl Telemetry for IstioTelemetry {
         let label_names: Vec<&'static str> = options.keep.iter().map(|&i| LABELS[i]).collect();
         let counter = |name: &str, help: &str| Counter::define(name, help, &label_names);
         Ok(IstioTelemetry {
-            opened: counter(
-                "istio_tcp_connections_opened_total",
-                "The total number of TCP connections opened",
-            )?,
-            closed: counter(
-                "istio_tcp_connections_closed_total",
-                "The total number of TCP connections closed",
-            )?,
-            failed: counter(
-                "istio_tcp_connections_failed_total",
-                "The total number of TCP connections that failed to establish (unstable)",
-            )?,
-            sent: counter(
-                "istio_tcp_sent_bytes_total",
-                "The size of total bytes sent during response in case of a TCP connection",
-            )?,
-            received: counter(
-                "istio_tcp_received_bytes_total",
-                "The size of total bytes received during request in case of a TCP connection",
-            )?,
-            sockets: Gauge::define(
+            counters: [
+                counter(
+                    "istio_tcp_connections_opened_total",
+                    "The total number of TCP connections opened",
+                )?,
+                counter(
+                    "istio_tcp_connections_closed_total",
+                    "The total number of TCP connections closed",
+                )?,
+                counter(
+                    "istio_tcp_connections_failed_total",
+                    "The total number of TCP connections that failed to establish (unstable)",
+                )?,
+                counter(
+                    "istio_tcp_sent_bytes_total",
+                    "The size of total bytes sent during response in case of a TCP connection",
+                )?,
+                counter(
+                    "istio_tcp_received_bytes_total",
+                    "The size of total bytes received during request in case of a TCP connection",
+                )?,
+            ],
+            sockets_gauge: Gauge::define(
                 "istio_tcp_sockets_open",
                 "The current number of open TCP sockets (unstable)",
                 &["reporter"],
             )?,
+            sockets: [None; 2],
             overflow: Counter::define(
                 "istio_telemetry_series_overflow_total",
                 "Connections recorded under `overflow` labels because maxSeries label sets exist.",
                 &[],
             )?,
-            series: HashSet::new(),
-            live: HashSet::new(),
+            index: HashMap::new(),
+            sets: Vec::new(),
+            live: HashMap::new(),
             label_names,
             options,
         })
@@ -385,39 +447,53 @@ impl Telemetry for IstioTelemetry {
 
     fn on_open(&mut self, info: &ConnectionInfo) {
         let report = Report::new(info, "-", self.options.spiffe_prefix);
-        self.opened_now(info, &report);
+        let set = self.label_set(&report.values);
+        self.add(set, Which::Opened, 1);
+        if self.live.len() < MAX_LIVE && self.live.insert(info.conn.id, set).is_none() {
+            self.sockets_add(info, 1);
+        }
     }
 
     fn on_close(&mut self, info: &ConnectionInfo, close: &CloseInfo) {
-        let mut report = Report::new(info, "-", self.options.spiffe_prefix);
-        if self.live.remove(&info.conn.id) {
-            self.sockets.add(&[Self::reporter(info)], -1);
-        } else {
-            // Never reported open (denied, or the connect failed): ztunnel counts it opened as well.
-            self.opened_now(info, &report);
-            if self.live.remove(&info.conn.id) {
-                self.sockets.add(&[Self::reporter(info)], -1);
-            }
-        }
-        {
-            // Byte counters are bound with the labels of the open (`response_flags="-"`), as in ztunnel.
-            let labels = self.labels(&report.values);
-            self.received.add(&labels, close.bytes_sent);
-            self.sent.add(&labels, close.bytes_received);
-        }
         let flags = or_unknown(&close.response_flags);
         let flags = if flags == UNKNOWN { "-" } else { flags };
-        report.values[RESPONSE_FLAGS] = flags.to_string();
         let failed = flags != "-";
-        {
-            let labels = self.labels(&report.values);
-            self.closed.inc(&labels);
-            if failed {
-                self.failed.inc(&labels);
+        let logging = self.options.access_log != AccessLog::Off;
+        // The labels are rebuilt only when something needs them: a connection never reported open (denied, or the
+        // connect failed: ztunnel counts it opened as well), a failure flag, or the access log.
+        let mut report = None;
+        let open_set = match self.live.remove(&info.conn.id) {
+            Some(set) => {
+                self.sockets_add(info, -1);
+                set
             }
+            None => {
+                let r = Report::new(info, "-", self.options.spiffe_prefix);
+                let set = self.label_set(&r.values);
+                self.add(set, Which::Opened, 1);
+                report = Some(r);
+                set
+            }
+        };
+        // Byte counters are bound with the labels of the open (`response_flags="-"`), as in ztunnel.
+        self.add(open_set, Which::Received, close.bytes_sent);
+        self.add(open_set, Which::Sent, close.bytes_received);
+        let close_set = if failed {
+            let r = report.get_or_insert_with(|| Report::new(info, "-", self.options.spiffe_prefix));
+            r.values[RESPONSE_FLAGS] = flags.to_string();
+            self.label_set(&r.values)
+        } else {
+            open_set
+        };
+        self.add(close_set, Which::Closed, 1);
+        if failed {
+            self.add(close_set, Which::Failed, 1);
         }
-        if self.options.access_log != AccessLog::Off {
-            let (line, error) = access_log(self.options.access_log, info, close, &report);
+        if logging {
+            let mut r =
+                report.unwrap_or_else(|| Report::new(info, "-", self.options.spiffe_prefix));
+            r.values[RESPONSE_FLAGS] = flags.to_string();
+            let (line, error) = access_log(self.options.access_log, info, close, &r);
             let level = if error { Level::Error } else { Level::Info };
             weft_plugin_sdk::log::log(level, &line);
         }

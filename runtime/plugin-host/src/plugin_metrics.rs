@@ -109,14 +109,15 @@ pub(crate) enum Shape {
 }
 
 #[derive(Debug)]
-struct HistState {
+pub(crate) struct HistState {
     sum: f64,
     count: u64,
     buckets: Vec<u64>,
 }
 
+/// One series' value (shared with the instances holding a handle to it).
 #[derive(Debug)]
-enum Series {
+pub(crate) enum Series {
     Counter(AtomicU64),
     Gauge(AtomicI64),
     Histogram(Mutex<HistState>),
@@ -129,7 +130,7 @@ pub(crate) struct MetricFamily {
     help: String,
     shape: Shape,
     label_names: Vec<String>,
-    series: RwLock<HashMap<Vec<String>, Series>>,
+    series: RwLock<HashMap<Vec<String>, Arc<Series>>>,
 }
 
 /// The metrics of one plugin version (shared by its instances, and by the versions that only got new state).
@@ -365,56 +366,82 @@ impl PluginMetrics {
     /// Applies an update; a wrong kind or label count, an over-long label value, a full series cap or a spent
     /// label-bytes budget drops it (counted by reason).
     pub(crate) fn update(&self, family: &MetricFamily, labels: Vec<String>, update: Update) {
-        let kind_ok = matches!(
-            (&family.shape, update),
-            (Shape::Counter, Update::CounterAdd(_))
-                | (Shape::Gauge, Update::GaugeSet(_) | Update::GaugeAdd(_))
-                | (Shape::Histogram(_), Update::Observe(_))
-        );
-        if !kind_ok || labels.len() != family.label_names.len() {
+        if !kind_ok(&family.shape, update) {
             self.dropped.inc(DropReason::BadUpdate);
             return;
         }
+        match self.series(family, labels) {
+            Ok(s) => apply(&s, &family.shape, update),
+            Err(reason) => self.dropped.inc(reason),
+        }
+    }
+
+    /// Applies an update to a series found by [`Self::series`] (a wrong kind is dropped and counted).
+    pub(crate) fn update_series(&self, family: &MetricFamily, series: &Series, update: Update) {
+        if kind_ok(&family.shape, update) {
+            apply(series, &family.shape, update);
+        } else {
+            self.dropped.inc(DropReason::BadUpdate);
+        }
+    }
+
+    /// The series of `family` with these label values, created (at zero) within the plugin's caps.
+    pub(crate) fn series(
+        &self,
+        family: &MetricFamily,
+        labels: Vec<String>,
+    ) -> Result<Arc<Series>, DropReason> {
+        if labels.len() != family.label_names.len() {
+            return Err(DropReason::BadUpdate);
+        }
         if labels.iter().any(|v| v.len() > self.limits.max_value_len) {
-            self.dropped.inc(DropReason::LabelValueTooLong);
-            return;
+            return Err(DropReason::LabelValueTooLong);
         }
         if let Ok(series) = family.series.read()
             && let Some(s) = series.get(&labels)
         {
-            apply(s, &family.shape, update);
-            return;
+            return Ok(s.clone());
         }
         let Ok(mut series) = family.series.write() else {
-            self.dropped.inc(DropReason::BadUpdate);
-            return;
+            return Err(DropReason::BadUpdate);
         };
-        if !series.contains_key(&labels) {
-            if !reserve(&self.series, 1, self.max_series) {
-                self.dropped.inc(DropReason::SeriesCap);
-                return;
-            }
-            let bytes = series_bytes(&family.label_names, &labels);
-            if !reserve(&self.label_bytes, bytes, self.limits.max_bytes) {
-                release(&self.series, 1);
-                self.dropped.inc(DropReason::LabelBytes);
-                return;
-            }
-            let fresh = match &family.shape {
-                Shape::Counter => Series::Counter(AtomicU64::new(0)),
-                Shape::Gauge => Series::Gauge(AtomicI64::new(0)),
-                Shape::Histogram(b) => Series::Histogram(Mutex::new(HistState {
-                    sum: 0.0,
-                    count: 0,
-                    buckets: vec![0; b.len()],
-                })),
-            };
-            series.insert(labels.clone(), fresh);
-        }
         if let Some(s) = series.get(&labels) {
-            apply(s, &family.shape, update);
+            return Ok(s.clone());
         }
+        if !reserve(&self.series, 1, self.max_series) {
+            return Err(DropReason::SeriesCap);
+        }
+        let bytes = series_bytes(&family.label_names, &labels);
+        if !reserve(&self.label_bytes, bytes, self.limits.max_bytes) {
+            release(&self.series, 1);
+            return Err(DropReason::LabelBytes);
+        }
+        let fresh = Arc::new(match &family.shape {
+            Shape::Counter => Series::Counter(AtomicU64::new(0)),
+            Shape::Gauge => Series::Gauge(AtomicI64::new(0)),
+            Shape::Histogram(b) => Series::Histogram(Mutex::new(HistState {
+                sum: 0.0,
+                count: 0,
+                buckets: vec![0; b.len()],
+            })),
+        });
+        series.insert(labels, fresh.clone());
+        Ok(fresh)
     }
+
+    /// The plugin's series cap.
+    pub(crate) fn max_series(&self) -> usize {
+        self.max_series
+    }
+}
+
+fn kind_ok(shape: &Shape, update: Update) -> bool {
+    matches!(
+        (shape, update),
+        (Shape::Counter, Update::CounterAdd(_))
+            | (Shape::Gauge, Update::GaugeSet(_) | Update::GaugeAdd(_))
+            | (Shape::Histogram(_), Update::Observe(_))
+    )
 }
 
 fn apply(series: &Series, shape: &Shape, update: Update) {
@@ -476,7 +503,7 @@ impl Collector for MetricsHub {
                         .zip(values.iter().cloned())
                         .collect();
                     let mut m = metric.encode_family(&labels)?;
-                    match s {
+                    match s.as_ref() {
                         Series::Counter(c) => m.encode_counter::<NoLabelSet, _, u64>(
                             &c.load(Ordering::Relaxed),
                             None,

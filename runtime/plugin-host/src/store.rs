@@ -11,7 +11,7 @@ use wasmtime::{ResourceLimiter, Result};
 use crate::bindings::WorkloadRes;
 use crate::bindings::policy::weft::plugin::{clock, log, metrics, types};
 use crate::host_metrics::PluginCounters;
-use crate::plugin_metrics::{MetricFamily, MetricsHub, PluginMetrics, Shape, Update};
+use crate::plugin_metrics::{MetricFamily, MetricsHub, PluginMetrics, Series, Shape, Update};
 
 /// Shared by every instance of one plugin version.
 #[derive(Debug)]
@@ -120,6 +120,9 @@ pub(crate) struct StoreData {
     pub table: ResourceTable,
     /// Metric handles this instance defined (the WIT `metric-id` is an index).
     pub metric_ids: Vec<Arc<MetricFamily>>,
+    /// Series handles this instance registered (the WIT `series-id` is an index), deduplicated by series.
+    pub series_ids: Vec<(Arc<MetricFamily>, Arc<Series>)>,
+    series_index: std::collections::HashMap<usize, u32>,
     /// The time budget of the call in progress.
     pub budget: crate::budget::Budget,
     stub_rep: u32,
@@ -137,6 +140,8 @@ impl StoreData {
             },
             table: ResourceTable::new(),
             metric_ids: Vec::new(),
+            series_ids: Vec::new(),
+            series_index: std::collections::HashMap::new(),
             budget: crate::budget::Budget::new(tick),
             stub_rep: 0,
             wasi: crate::wasi::WasiState::default(),
@@ -196,6 +201,41 @@ impl StoreData {
         }
         self.metric_ids.push(family);
         Ok((self.metric_ids.len() - 1) as u32)
+    }
+
+    fn register_series(&mut self, metric: u32, labels: Vec<String>) -> Result<u32, String> {
+        let Some(family) = self.metric_ids.get(metric as usize).cloned() else {
+            self.ctx
+                .metrics
+                .drop_update(crate::plugin_metrics::DropReason::BadUpdate);
+            return Err(format!("unknown metric handle {metric}"));
+        };
+        let series = self
+            .ctx
+            .metrics
+            .series(&family, labels)
+            .inspect_err(|reason| self.ctx.metrics.drop_update(*reason))
+            .map_err(|reason| format!("series refused: {}", reason.as_str()))?;
+        if let Some(id) = self.series_index.get(&(Arc::as_ptr(&series) as usize)) {
+            return Ok(*id);
+        }
+        if self.series_ids.len() >= self.ctx.metrics.max_series().saturating_mul(2) {
+            return Err("too many series handles".to_string());
+        }
+        let id = self.series_ids.len() as u32;
+        self.series_index.insert(Arc::as_ptr(&series) as usize, id);
+        self.series_ids.push((family, series));
+        Ok(id)
+    }
+
+    fn update_series(&self, id: u32, update: Update) {
+        match self.series_ids.get(id as usize) {
+            Some((family, series)) => self.ctx.metrics.update_series(family, series, update),
+            None => self
+                .ctx
+                .metrics
+                .drop_update(crate::plugin_metrics::DropReason::BadUpdate),
+        }
     }
 
     fn update(&self, id: u32, labels: Vec<String>, update: Update) {
@@ -271,6 +311,30 @@ impl metrics::Host for StoreData {
         value: f64,
     ) -> Result<()> {
         self.update(metric, label_values, Update::Observe(value));
+        Ok(())
+    }
+
+    fn series(&mut self, metric: u32, label_values: Vec<String>) -> Result<Result<u32, String>> {
+        Ok(self.register_series(metric, label_values))
+    }
+
+    fn series_counter_add(&mut self, series: u32, value: u64) -> Result<()> {
+        self.update_series(series, Update::CounterAdd(value));
+        Ok(())
+    }
+
+    fn series_gauge_set(&mut self, series: u32, value: i64) -> Result<()> {
+        self.update_series(series, Update::GaugeSet(value));
+        Ok(())
+    }
+
+    fn series_gauge_add(&mut self, series: u32, delta: i64) -> Result<()> {
+        self.update_series(series, Update::GaugeAdd(delta));
+        Ok(())
+    }
+
+    fn series_histogram_observe(&mut self, series: u32, value: f64) -> Result<()> {
+        self.update_series(series, Update::Observe(value));
         Ok(())
     }
 }

@@ -264,6 +264,61 @@ fn huge_label_values_are_refused_and_counted() {
     );
 }
 
+/// Series handles: one handle per series, the wrong number of values refused, updates through a handle counted
+/// in the series, and a handle the instance never got dropped and counted (not a trap).
+#[test]
+fn series_handles_update_without_strings() {
+    let host = host();
+    load(&host, "ser", "series", FailurePolicy::FailClosed);
+    for _ in 0..3 {
+        assert_eq!(host.authorize(&conn(666, Some(PEER))), Verdict::Allow);
+    }
+    let m = host.metrics_text();
+    assert_eq!(counter_value(&m, "misbehave_series_total{v=\"a\"} "), 9);
+    // Per call: the wrong arity and the unknown handle.
+    assert_eq!(
+        counter_value(
+            &m,
+            "weft_plugin_metric_dropped_total{plugin=\"ser\",reason=\"bad_update\"} "
+        ),
+        6
+    );
+}
+
+/// Registering a series obeys the plugin's series cap: past it `series` fails (the plugin sees the reason) and
+/// the refusal is counted, while the series registered before keep counting.
+#[test]
+fn series_registration_obeys_the_series_cap() {
+    let host = PluginHost::new(HostConfig {
+        prewarm_instances: 1,
+        max_series_per_plugin: 4,
+        ..HostConfig::default()
+    })
+    .unwrap();
+    load(&host, "flood", "series-flood", FailurePolicy::FailClosed);
+    let verdicts: Vec<Verdict> = (0..6).map(|_| host.authorize(&conn(666, Some(PEER)))).collect();
+    assert!(verdicts[..4].iter().all(|v| *v == Verdict::Allow), "{verdicts:?}");
+    assert!(
+        verdicts[4..]
+            .iter()
+            .all(|v| matches!(v, Verdict::Deny { reason, .. } if reason.contains("series_cap"))),
+        "{verdicts:?}"
+    );
+    let m = host.metrics_text();
+    let series = m
+        .lines()
+        .filter(|l| l.starts_with("misbehave_series_total{"))
+        .count();
+    assert_eq!(series, 4, "{m}");
+    assert_eq!(
+        counter_value(
+            &m,
+            "weft_plugin_metric_dropped_total{plugin=\"flood\",reason=\"series_cap\"} "
+        ),
+        2
+    );
+}
+
 /// With values allowed to be long, the plugin's label-bytes budget still bounds what it holds: series past it
 /// are refused and counted, and the exposition stays within the budget.
 #[test]

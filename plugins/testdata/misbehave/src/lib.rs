@@ -17,7 +17,10 @@
 //!
 //! Host-API edges (port 666 again): `print` (`println!` and `eprintln!`, then allow), `panic-message` (panics with
 //! a message naming the port), `random` (denies with 32 bytes of `wasi:random` in hex), `random-huge` (asks
-//! `wasi:random` for 1 GiB in one call), `label-bomb` (one counter series per call with a 64 KiB label value).
+//! `wasi:random` for 1 GiB in one call), `label-bomb` (one counter series per call with a 64 KiB label value),
+//! `series` (series handles: the same labels twice must give one handle and the wrong number of values must be
+//! refused, else it denies; then adds 1 + 2 through a handle and 5 through a handle it never got),
+//! `series-flood` (registers a new series per call; denies with the host's refusal once there is one).
 
 use weft_plugin_sdk::metrics::Counter;
 use weft_plugin_sdk::{
@@ -74,6 +77,12 @@ impl TransportPolicy for Misbehave {
         }
         let counter = if mode == "metric-flood" {
             Some(Counter::define("misbehave_flood_total", "Flood.", &["n"])?)
+        } else if mode == "series" || mode == "series-flood" {
+            Some(Counter::define(
+                "misbehave_series_total",
+                "Series handles.",
+                &["v"],
+            )?)
         } else if mode == "label-bomb" {
             Some(Counter::define(
                 "misbehave_label_bomb_total",
@@ -148,7 +157,8 @@ impl TransportPolicy for Misbehave {
                 Decision::Allow
             }
             "state" => Decision::deny(format!("policies: [{}]", self.policies.join(","))),
-            "print" | "panic-message" | "random" | "random-huge" | "label-bomb" => {
+            "print" | "panic-message" | "random" | "random-huge" | "label-bomb" | "series"
+            | "series-flood" => {
                 host_api_edge(&self.mode, self.counter.as_ref())
             }
             _ => Decision::deny("misbehave denies port 666"),
@@ -196,6 +206,35 @@ fn host_api_edge(mode: &str, counter: Option<&Counter>) -> Decision {
         "random-huge" => {
             let bytes = wasi_random::bytes(1 << 30);
             Decision::deny(format!("got {} random bytes", bytes.len()))
+        }
+        "series" => {
+            let Some(c) = counter else {
+                return Decision::deny("no counter");
+            };
+            let (Ok(a), Ok(again)) = (c.series(&["a"]), c.series(&["a"])) else {
+                return Decision::deny("series refused");
+            };
+            if a != again {
+                return Decision::deny(format!("two handles for one series: {a:?} {again:?}"));
+            }
+            if c.series(&["a", "b"]).is_ok() {
+                return Decision::deny("a series with the wrong number of values was accepted");
+            }
+            a.inc();
+            a.add(2);
+            weft_plugin_sdk::bindings::weft::plugin::metrics::series_counter_add(u32::MAX, 5);
+            Decision::Allow
+        }
+        "series-flood" => {
+            let n = LABEL_BOMB_CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            match counter.map(|c| c.series(&[&n.to_string()])) {
+                Some(Ok(s)) => {
+                    s.inc();
+                    Decision::Allow
+                }
+                Some(Err(e)) => Decision::deny(e),
+                None => Decision::deny("no counter"),
+            }
         }
         "label-bomb" => {
             let n = LABEL_BOMB_CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
