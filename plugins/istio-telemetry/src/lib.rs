@@ -362,7 +362,12 @@ impl IstioTelemetry {
     fn find(&self, kept: &[&str]) -> Option<usize> {
         let mut probe = 0;
         while let Some(&i) = self.index.get(&hash_of(kept, probe)) {
-            if self.sets[i].values.iter().map(String::as_str).eq(kept.iter().copied()) {
+            if self.sets[i]
+                .values
+                .iter()
+                .map(String::as_str)
+                .eq(kept.iter().copied())
+            {
                 return Some(i);
             }
             probe += 1;
@@ -479,7 +484,8 @@ impl Telemetry for IstioTelemetry {
         self.add(open_set, Which::Received, close.bytes_sent);
         self.add(open_set, Which::Sent, close.bytes_received);
         let close_set = if failed {
-            let r = report.get_or_insert_with(|| Report::new(info, "-", self.options.spiffe_prefix));
+            let r =
+                report.get_or_insert_with(|| Report::new(info, "-", self.options.spiffe_prefix));
             r.values[RESPONSE_FLAGS] = flags.to_string();
             self.label_set(&r.values)
         } else {

@@ -296,8 +296,13 @@ fn series_registration_obeys_the_series_cap() {
     })
     .unwrap();
     load(&host, "flood", "series-flood", FailurePolicy::FailClosed);
-    let verdicts: Vec<Verdict> = (0..6).map(|_| host.authorize(&conn(666, Some(PEER)))).collect();
-    assert!(verdicts[..4].iter().all(|v| *v == Verdict::Allow), "{verdicts:?}");
+    let verdicts: Vec<Verdict> = (0..6)
+        .map(|_| host.authorize(&conn(666, Some(PEER))))
+        .collect();
+    assert!(
+        verdicts[..4].iter().all(|v| *v == Verdict::Allow),
+        "{verdicts:?}"
+    );
     assert!(
         verdicts[4..]
             .iter()

@@ -158,9 +158,7 @@ impl TransportPolicy for Misbehave {
             }
             "state" => Decision::deny(format!("policies: [{}]", self.policies.join(","))),
             "print" | "panic-message" | "random" | "random-huge" | "label-bomb" | "series"
-            | "series-flood" => {
-                host_api_edge(&self.mode, self.counter.as_ref())
-            }
+            | "series-flood" => host_api_edge(&self.mode, self.counter.as_ref()),
             _ => Decision::deny("misbehave denies port 666"),
         }
     }
