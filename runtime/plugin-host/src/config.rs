@@ -64,6 +64,10 @@ pub struct HostConfig {
     pub telemetry_queue: usize,
     /// Most events handed to a telemetry plugin in one call.
     pub telemetry_batch: usize,
+    /// After a batch that did not fill up, the telemetry thread waits this long before it takes more, so that
+    /// under load one wake-up delivers many events (0: deliver every event as soon as it is queued). An event
+    /// waits at most this long for its plugins.
+    pub telemetry_linger: Duration,
     /// Probation of a new version of a plugin whose spec sets none (`weft run --plugin-rollout-*`).
     pub rollout: PluginRollout,
     /// The clock probation windows are measured on (tests inject a [`crate::ManualClock`]).
@@ -93,6 +97,7 @@ impl Default for HostConfig {
             max_log_len: 1024,
             telemetry_queue: 16 * 1024,
             telemetry_batch: 256,
+            telemetry_linger: Duration::from_millis(5),
             rollout: crate::rollout::default_rollout(),
             clock: Arc::new(SystemClock::default()),
         }

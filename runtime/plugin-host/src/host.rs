@@ -108,6 +108,7 @@ impl PluginHost {
             chain.clone(),
             config.telemetry_queue,
             config.telemetry_batch,
+            config.telemetry_linger,
             metrics.telemetry_dropped.clone(),
         )?;
         let shared = Arc::new(Shared {

@@ -1,9 +1,15 @@
 //! The telemetry path: the data path queues open/close events (never blocking: a full queue drops and counts),
 //! and one worker thread converts them once and hands them to every telemetry plugin in batches.
+//!
+//! After a batch that did not fill up, the worker pauses for the linger (`HostConfig::telemetry_linger`) before it
+//! takes more: under load, events gather while it pauses and one wake-up serves many, instead of every event waking
+//! the thread (a futex wake on the data path and a context switch, on every connection's open and close). An event
+//! after a quiet spell is delivered at once; one during a pause waits at most the linger.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, SyncSender};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use prometheus_client::metrics::counter::Counter;
@@ -37,12 +43,24 @@ impl TelemetryQueue {
         chain: Arc<ArcSwap<Chain>>,
         capacity: usize,
         batch: usize,
+        linger: Duration,
         dropped: Counter,
     ) -> std::io::Result<Self> {
         let (queue, rx) = Self::unstarted(capacity, dropped);
         std::thread::Builder::new()
             .name("weft-plugin-telemetry".into())
-            .spawn(move || worker(rx, chain, batch.max(1)))?;
+            .spawn(move || {
+                worker(
+                    rx,
+                    batch.max(1),
+                    |records, events| deliver(&chain.load(), records, events),
+                    || {
+                        if !linger.is_zero() {
+                            std::thread::sleep(linger);
+                        }
+                    },
+                )
+            })?;
         Ok(queue)
     }
 
@@ -106,7 +124,14 @@ impl QueueRx {
     }
 }
 
-fn worker(rx: QueueRx, chain: Arc<ArcSwap<Chain>>, batch: usize) {
+/// Takes events in batches of at most `batch`, hands each batch to `deliver`, answers flushes, and calls `linger`
+/// after a batch that did not fill up; returns once every sender is gone.
+fn worker(
+    rx: QueueRx,
+    batch: usize,
+    mut deliver: impl FnMut(&[ConnectionRecord], &[wit::Event]),
+    mut linger: impl FnMut(),
+) {
     let mut records: Vec<ConnectionRecord> = Vec::with_capacity(batch);
     let mut events: Vec<wit::Event> = Vec::with_capacity(batch);
     let mut flushes = Vec::new();
@@ -131,13 +156,17 @@ fn worker(rx: QueueRx, chain: Arc<ArcSwap<Chain>>, batch: usize) {
                 next = rx.try_recv();
             }
         }
-        if !events.is_empty() {
-            deliver(&chain.load(), &records, &events);
+        let taken = events.len();
+        if taken > 0 {
+            deliver(&records, &events);
         }
         records.clear();
         events.clear();
         for done in flushes.drain(..) {
             let _ = done.send(());
+        }
+        if taken > 0 && taken < batch {
+            linger();
         }
     }
 }
@@ -201,11 +230,50 @@ mod tests {
         queue.send(Msg::Opened(record()));
         assert_eq!(dropped.get(), 1);
         // A worker started on the rest drains it, and a flush answers once it has.
-        let chain = Arc::new(ArcSwap::from_pointee(Chain::default()));
-        let worker = std::thread::spawn(move || worker(rx, chain, 16));
+        let worker = std::thread::spawn(move || worker(rx, 16, |_, _| {}, || {}));
         queue.flush();
         assert_eq!(queue.queued.load(Ordering::Relaxed), 0);
         drop(queue);
         worker.join().unwrap();
+    }
+
+    /// A batch that fills up is followed at once by the next; one that does not is followed by the linger, after
+    /// its flushes are answered; a flush alone does not linger.
+    #[test]
+    fn the_worker_lingers_only_after_a_batch_that_did_not_fill_up() {
+        #[derive(Debug, PartialEq)]
+        enum Step {
+            Delivered(usize),
+            Lingered,
+        }
+        let (queue, rx) = TelemetryQueue::unstarted(100, Counter::default());
+        for _ in 0..5 {
+            queue.send(Msg::Opened(record()));
+        }
+        let (flushed_tx, flushed) = std::sync::mpsc::sync_channel(1);
+        queue.send(Msg::Flush(flushed_tx));
+        drop(queue);
+        let steps = std::cell::RefCell::new(Vec::new());
+        worker(
+            rx,
+            2,
+            |records, events| {
+                assert_eq!(records.len(), events.len());
+                steps.borrow_mut().push(Step::Delivered(events.len()));
+            },
+            || {
+                assert!(flushed.try_recv().is_ok(), "the flush is answered first");
+                steps.borrow_mut().push(Step::Lingered);
+            },
+        );
+        assert_eq!(
+            steps.into_inner(),
+            [
+                Step::Delivered(2),
+                Step::Delivered(2),
+                Step::Delivered(1),
+                Step::Lingered
+            ]
+        );
     }
 }
