@@ -46,6 +46,10 @@ pub enum Compiler {
 
 /// A child process that compiles one component: `program args.. --memory-limit N --max-wasm-stack N`, which must
 /// call [`compile_child_main`] with those settings.
+///
+/// What the child writes is loaded as machine code: wasmtime checks only the artifact's header (version, target,
+/// flags, tunables), not what the code does. `program` must therefore be weft itself (or a program as trusted);
+/// `weft run` only ever uses its own executable, `/proc/self/exe`.
 #[derive(Debug, Clone)]
 pub struct SubprocessCompiler {
     /// The executable (`weft run` uses `/proc/self/exe`).

@@ -57,6 +57,11 @@ fn rejection(host: &PluginHost) -> String {
     reason
 }
 
+/// The reason `p` is rejected for when the compiler child is `sh -c script` with a generous deadline.
+fn rejection_by(script: &str) -> String {
+    rejection(&host_with_child(script, Duration::from_secs(60)))
+}
+
 #[test]
 fn a_compiler_that_cannot_start_is_a_clear_rejection() {
     let host = PluginHost::new(HostConfig {
@@ -96,10 +101,7 @@ fn a_compiler_past_its_deadline_is_killed_and_the_version_rejected() {
 
 #[test]
 fn a_compiler_that_crashes_is_a_rejection_naming_the_signal() {
-    let reason = rejection(&host_with_child(
-        "cat >/dev/null; echo 'about to crash' >&2; kill -KILL $$",
-        Duration::from_secs(60),
-    ));
+    let reason = rejection_by("cat >/dev/null; echo 'about to crash' >&2; kill -KILL $$");
     assert!(
         reason.contains("the compiler process failed") && reason.contains("SIGKILL"),
         "{reason}"
@@ -112,10 +114,7 @@ fn a_compiler_that_crashes_is_a_rejection_naming_the_signal() {
 
 #[test]
 fn a_component_the_child_finds_invalid_is_rejected_with_the_childs_reason() {
-    let reason = rejection(&host_with_child(
-        "cat >/dev/null; echo 'magic header not detected' >&2; exit 1",
-        Duration::from_secs(60),
-    ));
+    let reason = rejection_by("cat >/dev/null; echo 'magic header not detected' >&2; exit 1");
     assert_eq!(
         reason,
         "not a valid WebAssembly component: magic header not detected"
@@ -124,10 +123,7 @@ fn a_component_the_child_finds_invalid_is_rejected_with_the_childs_reason() {
 
 #[test]
 fn an_artifact_the_engine_does_not_accept_is_never_loaded() {
-    let reason = rejection(&host_with_child(
-        "cat >/dev/null; printf 'not an artifact'",
-        Duration::from_secs(60),
-    ));
+    let reason = rejection_by("cat >/dev/null; printf 'not an artifact'");
     assert!(
         reason.contains("the compiled artifact does not load into this engine"),
         "{reason}"
@@ -136,7 +132,7 @@ fn an_artifact_the_engine_does_not_accept_is_never_loaded() {
 
 #[test]
 fn a_child_that_writes_nothing_is_a_rejection() {
-    let reason = rejection(&host_with_child("cat >/dev/null", Duration::from_secs(60)));
+    let reason = rejection_by("cat >/dev/null");
     assert!(
         reason.contains("the compiler process wrote no artifact"),
         "{reason}"
