@@ -94,9 +94,9 @@ pub use weft_plugin_host::testing as harness;
 include!(concat!(env!("OUT_DIR"), "/export_macros.rs"));
 
 pub use bindings::weft::plugin::types::{
-    AuthorizationPolicy, CloseInfo, Connection, ConnectionInfo, Decision, Direction, Event,
-    IpAddress, PolicyAction, PolicyClause, PolicyMatch, PolicyRule, PolicyScope,
-    ServiceAccountMatch, SocketAddress, StateKinds, StringMatch, Verdict, Workload, WorkloadMeta,
+    AuthorizationPolicy, CloseInfo, Connection, Decision, Direction, IpAddress, PolicyAction,
+    PolicyClause, PolicyMatch, PolicyRule, PolicyScope, ServiceAccountMatch, SocketAddress,
+    StateKinds, StringMatch, Verdict, Workload, WorkloadMeta,
 };
 
 use std::net::SocketAddr;
@@ -146,18 +146,31 @@ pub trait TransportPolicy: Sized + 'static {
     fn authorize(&mut self, conn: &Connection, workloads: &Workloads<'_>) -> Decision;
 }
 
+/// A connection with the metadata of both ends, as a telemetry plugin sees it. The workloads are none when the node
+/// does not know them. (Each batch carries a workload's metadata once, however many of its connections name it;
+/// the SDK resolves the references.)
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionInfo<'a> {
+    /// The connection.
+    pub conn: &'a Connection,
+    /// The source workload.
+    pub source_workload: Option<&'a WorkloadMeta>,
+    /// The destination workload.
+    pub destination_workload: Option<&'a WorkloadMeta>,
+}
+
 /// A telemetry plugin. Calls come off the connections' path, in batches, in order.
 pub trait Telemetry: Sized + 'static {
     /// Builds the plugin from its configuration string (define metrics here). An error rejects this version.
     fn configure(config: &str) -> Result<Self, String>;
 
     /// A connection was established.
-    fn on_open(&mut self, conn: &ConnectionInfo) {
+    fn on_open(&mut self, conn: &ConnectionInfo<'_>) {
         let _ = conn;
     }
 
     /// A connection ended (allowed or not).
-    fn on_close(&mut self, conn: &ConnectionInfo, close: &CloseInfo) {
+    fn on_close(&mut self, conn: &ConnectionInfo<'_>, close: &CloseInfo) {
         let _ = (conn, close);
     }
 }

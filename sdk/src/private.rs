@@ -4,9 +4,9 @@ use std::cell::RefCell;
 use std::thread::LocalKey;
 
 use crate::bindings::weft::plugin::types::{
-    Connection, Decision, Event, StateKinds, StateUpdate, Workload,
+    Connection, Decision, Event, EventConnection, StateKinds, StateUpdate, Workload, WorkloadMeta,
 };
-use crate::{Telemetry, TransportPolicy, Workloads};
+use crate::{ConnectionInfo, Telemetry, TransportPolicy, Workloads};
 
 pub use wit_bindgen;
 
@@ -63,16 +63,31 @@ pub fn telemetry_configure<T: Telemetry>(
     Ok(())
 }
 
-/// `on-events` of the telemetry world.
-pub fn telemetry_on_events<T: Telemetry>(slot: &'static Slot<T>, events: Vec<Event>) {
+/// `on-events` of the telemetry world: each event's workload indices resolved against the batch's workloads (an
+/// index out of range, which the host never sends, reads as an unknown workload).
+pub fn telemetry_on_events<T: Telemetry>(
+    slot: &'static Slot<T>,
+    workloads: Vec<WorkloadMeta>,
+    events: Vec<Event>,
+) {
+    let info = |c| resolve(c, &workloads);
     slot.with(|s| {
         if let Some(plugin) = s.borrow_mut().as_mut() {
             for event in &events {
                 match event {
-                    Event::Opened(info) => plugin.on_open(info),
-                    Event::Closed((info, close)) => plugin.on_close(info, close),
+                    Event::Opened(c) => plugin.on_open(&info(c)),
+                    Event::Closed((c, close)) => plugin.on_close(&info(c), close),
                 }
             }
         }
     });
+}
+
+fn resolve<'a>(c: &'a EventConnection, workloads: &'a [WorkloadMeta]) -> ConnectionInfo<'a> {
+    let at = |i: Option<u32>| i.and_then(|i| workloads.get(usize::try_from(i).ok()?));
+    ConnectionInfo {
+        conn: &c.conn,
+        source_workload: at(c.source_workload),
+        destination_workload: at(c.destination_workload),
+    }
 }

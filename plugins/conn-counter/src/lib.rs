@@ -18,16 +18,15 @@ pub struct ConnCounter {
     duration: Histogram,
 }
 
-fn direction(info: &ConnectionInfo) -> &'static str {
+fn direction(info: &ConnectionInfo<'_>) -> &'static str {
     match info.conn.direction {
         Direction::Inbound => "inbound",
         Direction::Outbound => "outbound",
     }
 }
 
-fn destination(info: &ConnectionInfo) -> &str {
+fn destination<'a>(info: &ConnectionInfo<'a>) -> &'a str {
     info.destination_workload
-        .as_ref()
         .map(|w| w.name.as_str())
         .unwrap_or("unknown")
 }
@@ -79,7 +78,7 @@ impl Telemetry for ConnCounter {
         })
     }
 
-    fn on_open(&mut self, conn: &ConnectionInfo) {
+    fn on_open(&mut self, conn: &ConnectionInfo<'_>) {
         let dir = direction(conn);
         self.opened.inc(&[dir, destination(conn)]);
         if self.live.insert(conn.conn.id) {
@@ -87,7 +86,7 @@ impl Telemetry for ConnCounter {
         }
     }
 
-    fn on_close(&mut self, conn: &ConnectionInfo, close: &CloseInfo) {
+    fn on_close(&mut self, conn: &ConnectionInfo<'_>, close: &CloseInfo) {
         let dir = direction(conn);
         let verdict = match close.verdict {
             Verdict::Allow => "allow",

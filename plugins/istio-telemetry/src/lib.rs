@@ -209,12 +209,12 @@ pub struct Report {
 
 impl Report {
     /// The labels of a connection, with `response_flags` as given.
-    pub fn new(info: &ConnectionInfo, response_flags: &str, spiffe_prefix: bool) -> Self {
+    pub fn new(info: &ConnectionInfo<'_>, response_flags: &str, spiffe_prefix: bool) -> Self {
         let conn = &info.conn;
         let inbound = conn.direction == Direction::Inbound;
         let mtls = conn.hbone;
-        let src = info.source_workload.as_ref();
-        let dst = info.destination_workload.as_ref();
+        let src = info.source_workload;
+        let dst = info.destination_workload;
         let src_principal = if mtls {
             conn.peer_identity
                 .clone()
@@ -389,7 +389,7 @@ impl IstioTelemetry {
         }
     }
 
-    fn sockets_add(&mut self, info: &ConnectionInfo, delta: i64) {
+    fn sockets_add(&mut self, info: &ConnectionInfo<'_>, delta: i64) {
         let (i, reporter) = match info.conn.direction {
             Direction::Inbound => (0, "destination"),
             Direction::Outbound => (1, "source"),
@@ -450,7 +450,7 @@ impl Telemetry for IstioTelemetry {
         })
     }
 
-    fn on_open(&mut self, info: &ConnectionInfo) {
+    fn on_open(&mut self, info: &ConnectionInfo<'_>) {
         let report = Report::new(info, "-", self.options.spiffe_prefix);
         let set = self.label_set(&report.values);
         self.add(set, Which::Opened, 1);
@@ -459,7 +459,7 @@ impl Telemetry for IstioTelemetry {
         }
     }
 
-    fn on_close(&mut self, info: &ConnectionInfo, close: &CloseInfo) {
+    fn on_close(&mut self, info: &ConnectionInfo<'_>, close: &CloseInfo) {
         let flags = or_unknown(&close.response_flags);
         let flags = if flags == UNKNOWN { "-" } else { flags };
         let failed = flags != "-";
@@ -540,14 +540,14 @@ enum Field {
 /// The access log line of a closed connection (ztunnel's fields), and whether it reports an error.
 pub fn access_log(
     format: AccessLog,
-    info: &ConnectionInfo,
+    info: &ConnectionInfo<'_>,
     close: &CloseInfo,
     report: &Report,
 ) -> (String, bool) {
     let conn = &info.conn;
     let inbound = conn.direction == Direction::Inbound;
-    let src = info.source_workload.as_ref();
-    let dst = info.destination_workload.as_ref();
+    let src = info.source_workload;
+    let dst = info.destination_workload;
     let dst_addr = conn.destination_addr();
     let mut fields: Vec<(&str, Field)> = Vec::with_capacity(16);
     fields.push(("src.addr", Field::Bare(conn.source_addr().to_string())));

@@ -1,6 +1,8 @@
 //! Conversions from the data path's and the state's types into the WIT types plugins see.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use weft_hooks::{CloseRecord, ConnectionRecord, Direction, Verdict, WorkloadMeta};
@@ -60,12 +62,66 @@ pub(crate) fn workload_meta(w: &WorkloadMeta) -> wit::WorkloadMeta {
     }
 }
 
-/// A connection with both workloads' metadata (telemetry).
-pub(crate) fn connection_info(c: &ConnectionRecord) -> wit::ConnectionInfo {
-    wit::ConnectionInfo {
-        conn: connection(c),
-        source_workload: c.src_workload.as_deref().map(workload_meta),
-        destination_workload: c.dst_workload.as_deref().map(workload_meta),
+/// A batch of telemetry events in their WIT form, with the records they came from. Each workload's metadata is
+/// converted (and later lowered into every plugin) once per batch, however many of the batch's events name it;
+/// events refer to it by its index in `workloads`. Workloads are told apart by their `Arc`: the batch holds every
+/// record it converted, so no address is freed and reused while the index is alive.
+#[derive(Default)]
+pub(crate) struct EventBatch {
+    pub records: Vec<ConnectionRecord>,
+    pub workloads: Vec<wit::WorkloadMeta>,
+    pub events: Vec<wit::Event>,
+    index: HashMap<*const WorkloadMeta, u32>,
+}
+
+impl EventBatch {
+    pub fn with_capacity(n: usize) -> Self {
+        Self {
+            records: Vec::with_capacity(n),
+            workloads: Vec::new(),
+            events: Vec::with_capacity(n),
+            index: HashMap::new(),
+        }
+    }
+
+    pub fn opened(&mut self, c: ConnectionRecord) {
+        let conn = self.connection(&c);
+        self.events.push(wit::Event::Opened(conn));
+        self.records.push(c);
+    }
+
+    pub fn closed(&mut self, c: ConnectionRecord, close: &CloseRecord) {
+        let conn = self.connection(&c);
+        self.events
+            .push(wit::Event::Closed((conn, close_info(close))));
+        self.records.push(c);
+    }
+
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    pub fn clear(&mut self) {
+        self.index.clear();
+        self.events.clear();
+        self.workloads.clear();
+        self.records.clear();
+    }
+
+    fn connection(&mut self, c: &ConnectionRecord) -> wit::EventConnection {
+        wit::EventConnection {
+            conn: connection(c),
+            source_workload: c.src_workload.as_ref().map(|w| self.workload(w)),
+            destination_workload: c.dst_workload.as_ref().map(|w| self.workload(w)),
+        }
+    }
+
+    fn workload(&mut self, w: &Arc<WorkloadMeta>) -> u32 {
+        let next = u32::try_from(self.workloads.len()).unwrap_or(u32::MAX);
+        *self.index.entry(Arc::as_ptr(w)).or_insert_with(|| {
+            self.workloads.push(workload_meta(w));
+            next
+        })
     }
 }
 

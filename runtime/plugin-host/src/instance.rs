@@ -39,6 +39,50 @@ pub(crate) struct Instance {
     store: Store<StoreData>,
     exports: Exports,
     limits: Limits,
+    workloads: WorkloadCache,
+}
+
+/// How many workload resources an instance keeps in its table between calls.
+const WORKLOAD_CACHE: usize = 16;
+
+/// The workload resources an instance keeps in its store's table across `authorize` calls, so a decision lends a
+/// borrow of an entry already there instead of pushing one (an allocation) and deleting it on every call. Entries
+/// are found by the address of the metadata's `Arc`; each entry holds a clone of that `Arc`, so the address cannot
+/// be freed and reused while it is cached. At most [`WORKLOAD_CACHE`] entries: a new one evicts the least recently
+/// used.
+#[derive(Default)]
+struct WorkloadCache {
+    /// `(Arc::as_ptr as usize, table rep)`, least recently used first.
+    entries: std::collections::VecDeque<(usize, u32)>,
+}
+
+impl WorkloadCache {
+    /// The table rep of `w`'s resource, pushed (and the least recently used evicted) if it is not cached.
+    fn rep(
+        &mut self,
+        table: &mut wasmtime::component::ResourceTable,
+        w: &Arc<weft_hooks::WorkloadMeta>,
+    ) -> Result<u32, wasmtime::component::ResourceTableError> {
+        let key = Arc::as_ptr(w) as usize;
+        if let Some(i) = self.entries.iter().position(|(k, _)| *k == key) {
+            // Most recently used goes last: the other workload of the same call, if it misses, evicts the least
+            // recently used entry, never this one (whose slot the new entry would take while this call lends it).
+            let entry = self.entries[i];
+            if i + 1 != self.entries.len() {
+                self.entries.remove(i);
+                self.entries.push_back(entry);
+            }
+            return Ok(entry.1);
+        }
+        if self.entries.len() >= WORKLOAD_CACHE
+            && let Some((_, old)) = self.entries.pop_front()
+        {
+            table.delete(Resource::<WorkloadRes>::new_own(old))?;
+        }
+        let rep = table.push(WorkloadRes(w.clone()))?.rep();
+        self.entries.push_back((key, rep));
+        Ok(rep)
+    }
 }
 
 impl Drop for Instance {
@@ -190,6 +234,7 @@ impl Instance {
             store,
             exports,
             limits,
+            workloads: WorkloadCache::default(),
         })
     }
 
@@ -240,29 +285,22 @@ impl Instance {
             message: format!("resource table: {e}"),
         };
         let table = &mut self.store.data_mut().table;
-        let src = match &conn.src_workload {
-            Some(w) => Some(table.push(WorkloadRes(w.clone())).map_err(table_err)?),
-            None => None,
+        let mut rep = |w: &Option<Arc<weft_hooks::WorkloadMeta>>| match w {
+            Some(w) => self.workloads.rep(table, w).map(Some).map_err(table_err),
+            None => Ok(None),
         };
-        let dst = match &conn.dst_workload {
-            Some(w) => Some(table.push(WorkloadRes(w.clone())).map_err(table_err)?),
-            None => None,
-        };
-        let reps = (src.as_ref().map(|r| r.rep()), dst.as_ref().map(|r| r.rep()));
-        // Lend them as host *borrows*: wasmtime scopes a borrow to the call. Handing over the own handles instead
-        // left one store handle behind per call, and a long-lived instance failed every call after ~50,000.
+        let (src, dst) = (rep(&conn.src_workload)?, rep(&conn.dst_workload)?);
+        // Lent as host *borrows*, which wasmtime scopes to the call: the guest cannot keep or drop them, and the
+        // entries stay in the table for the next call (handing over own handles instead left one store handle
+        // behind per call, and a long-lived instance failed every call after ~50,000).
         let (src, dst) = (
-            reps.0.map(Resource::<WorkloadRes>::new_borrow),
-            reps.1.map(Resource::<WorkloadRes>::new_borrow),
+            src.map(Resource::<WorkloadRes>::new_borrow),
+            dst.map(Resource::<WorkloadRes>::new_borrow),
         );
         start_budget(&mut self.store, self.limits.call_deadline);
         let r = p
             .weft_plugin_policy()
             .call_authorize(&mut self.store, &wit_conn, src, dst);
-        let table = &mut self.store.data_mut().table;
-        for rep in [reps.0, reps.1].into_iter().flatten() {
-            let _ = table.delete(Resource::<WorkloadRes>::new_own(rep));
-        }
         let decision = r.map_err(|e| classify(e, &self.store))?;
         if let wit::Decision::Deny(reason) = &decision
             && reason.len() > self.limits.max_reason_len
@@ -280,13 +318,17 @@ impl Instance {
     }
 
     /// `on-events` (telemetry world only).
-    pub fn on_events(&mut self, events: &[wit::Event]) -> Result<(), CallError> {
+    pub fn on_events(
+        &mut self,
+        workloads: &[wit::WorkloadMeta],
+        events: &[wit::Event],
+    ) -> Result<(), CallError> {
         let Exports::Telemetry(t) = &self.exports else {
             return Ok(());
         };
         start_budget(&mut self.store, self.limits.call_deadline);
         t.weft_plugin_telemetry()
-            .call_on_events(&mut self.store, events)
+            .call_on_events(&mut self.store, workloads, events)
             .map_err(|e| classify(e, &self.store))
     }
 }
@@ -294,4 +336,57 @@ impl Instance {
 fn start_budget(store: &mut Store<StoreData>, budget: Duration) {
     let ticks = store.data_mut().budget.start(budget);
     store.set_epoch_deadline(ticks);
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code: a panic fails the test
+
+    use super::*;
+
+    /// A cached workload keeps its rep; past the cap the oldest entry leaves the cache *and* the table, so the
+    /// table never holds more than the cap however many workloads pass.
+    #[test]
+    fn the_workload_cache_reuses_entries_and_evicts_the_least_recently_used_from_the_table() {
+        let mut table = wasmtime::component::ResourceTable::new();
+        let mut cache = WorkloadCache::default();
+        let ws: Vec<_> = (0..WORKLOAD_CACHE + 5)
+            .map(|i| crate::testing::workload(&format!("w{i}"), "ns", "sa"))
+            .collect();
+        let first = cache.rep(&mut table, &ws[0]).unwrap();
+        assert_eq!(cache.rep(&mut table, &ws[0]).unwrap(), first);
+        let reps: Vec<u32> = ws
+            .iter()
+            .map(|w| cache.rep(&mut table, w).unwrap())
+            .collect();
+        assert_eq!(reps[0], first);
+        assert_eq!(cache.entries.len(), WORKLOAD_CACHE);
+        // The five oldest were evicted: deleted from the table (their slots may hold newer entries since), the
+        // rest readable and naming their workload.
+        for (i, rep) in reps.iter().enumerate() {
+            let name = table
+                .get(&Resource::<WorkloadRes>::new_own(*rep))
+                .map(|w| w.0.name.clone());
+            if i < 5 {
+                assert_ne!(
+                    name.ok(),
+                    Some(format!("w{i}")),
+                    "entry {i} should have been deleted"
+                );
+            } else {
+                assert_eq!(name.unwrap(), format!("w{i}"));
+            }
+        }
+        // An evicted workload comes back as a new entry.
+        let again = cache.rep(&mut table, &ws[0]).unwrap();
+        assert_eq!(
+            table
+                .get(&Resource::<WorkloadRes>::new_own(again))
+                .unwrap()
+                .0
+                .name,
+            "w0"
+        );
+        assert_eq!(cache.entries.len(), WORKLOAD_CACHE);
+    }
 }

@@ -302,11 +302,11 @@ impl PluginVersion {
     }
 
     /// Hands a batch to a telemetry plugin; a failure drops the batch (counted).
-    pub fn on_events(&self, events: &[wit::Event]) {
+    pub fn on_events(&self, workloads: &[wit::WorkloadMeta], events: &[wit::Event]) {
         let started = Instant::now();
         let c = &self.ctx.counters;
         c.calls.inc();
-        let result = self.with_instance(|inst| inst.on_events(events));
+        let result = self.with_instance(|inst| inst.on_events(workloads, events));
         c.latency.observe(started.elapsed().as_secs_f64());
         self.record(&result);
         if let Err(e) = result {

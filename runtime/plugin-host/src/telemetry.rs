@@ -17,7 +17,7 @@ use weft_hooks::{CloseRecord, ConnectionRecord};
 
 use crate::bindings::types as wit;
 use crate::chain::Chain;
-use crate::convert;
+use crate::convert::EventBatch;
 
 pub(crate) enum Msg {
     Opened(ConnectionRecord),
@@ -53,7 +53,7 @@ impl TelemetryQueue {
                 worker(
                     rx,
                     batch.max(1),
-                    |records, events| deliver(&chain.load(), records, events),
+                    |batch| deliver(&chain.load(), batch),
                     || {
                         if !linger.is_zero() {
                             std::thread::sleep(linger);
@@ -129,27 +129,17 @@ impl QueueRx {
 fn worker(
     rx: QueueRx,
     batch: usize,
-    mut deliver: impl FnMut(&[ConnectionRecord], &[wit::Event]),
+    mut deliver: impl FnMut(&EventBatch),
     mut linger: impl FnMut(),
 ) {
-    let mut records: Vec<ConnectionRecord> = Vec::with_capacity(batch);
-    let mut events: Vec<wit::Event> = Vec::with_capacity(batch);
+    let mut events = EventBatch::with_capacity(batch);
     let mut flushes = Vec::new();
     while let Some(first) = rx.recv() {
         let mut next = Some(first);
         while let Some(msg) = next.take() {
             match msg {
-                Msg::Opened(c) => {
-                    events.push(wit::Event::Opened(convert::connection_info(&c)));
-                    records.push(c);
-                }
-                Msg::Closed(c, close) => {
-                    events.push(wit::Event::Closed((
-                        convert::connection_info(&c),
-                        convert::close_info(&close),
-                    )));
-                    records.push(c);
-                }
+                Msg::Opened(c) => events.opened(c),
+                Msg::Closed(c, close) => events.closed(c, &close),
                 Msg::Flush(done) => flushes.push(done),
             }
             if events.len() < batch {
@@ -158,9 +148,8 @@ fn worker(
         }
         let taken = events.len();
         if taken > 0 {
-            deliver(&records, &events);
+            deliver(&events);
         }
-        records.clear();
         events.clear();
         for done in flushes.drain(..) {
             let _ = done.send(());
@@ -171,20 +160,22 @@ fn worker(
     }
 }
 
-fn deliver(chain: &Chain, records: &[ConnectionRecord], events: &[wit::Event]) {
+fn deliver(chain: &Chain, batch: &EventBatch) {
     for plugin in &chain.telemetry {
         let sel = &plugin.spec.selector;
         if sel.namespaces.is_empty() && sel.workloads.is_empty() {
-            plugin.on_events(events);
+            plugin.on_events(&batch.workloads, &batch.events);
         } else {
-            let picked: Vec<wit::Event> = records
+            // The batch's workloads go along whole: the picked events' indices stay valid.
+            let picked: Vec<wit::Event> = batch
+                .records
                 .iter()
-                .zip(events)
+                .zip(&batch.events)
                 .filter(|(r, _)| plugin.selects(r))
                 .map(|(_, e)| e.clone())
                 .collect();
             if !picked.is_empty() {
-                plugin.on_events(&picked);
+                plugin.on_events(&batch.workloads, &picked);
             }
         }
     }
@@ -230,7 +221,7 @@ mod tests {
         queue.send(Msg::Opened(record()));
         assert_eq!(dropped.get(), 1);
         // A worker started on the rest drains it, and a flush answers once it has.
-        let worker = std::thread::spawn(move || worker(rx, 16, |_, _| {}, || {}));
+        let worker = std::thread::spawn(move || worker(rx, 16, |_| {}, || {}));
         queue.flush();
         assert_eq!(queue.queued.load(Ordering::Relaxed), 0);
         drop(queue);
@@ -257,9 +248,9 @@ mod tests {
         worker(
             rx,
             2,
-            |records, events| {
-                assert_eq!(records.len(), events.len());
-                steps.borrow_mut().push(Step::Delivered(events.len()));
+            |batch| {
+                assert_eq!(batch.records.len(), batch.events.len());
+                steps.borrow_mut().push(Step::Delivered(batch.len()));
             },
             || {
                 assert!(flushed.try_recv().is_ok(), "the flush is answered first");

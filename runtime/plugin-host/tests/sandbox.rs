@@ -469,3 +469,34 @@ fn a_reused_instance_serves_more_calls_than_the_store_handle_limit() {
         assert_eq!(v, Verdict::Allow, "call {i}");
     }
 }
+
+/// The workload handles a reused instance is lent name the workloads of *this* call, also once the instance has
+/// seen more distinct workloads than it keeps between calls (old entries evicted, new ones pushed), and with none.
+#[test]
+fn a_reused_instance_is_lent_the_workloads_of_each_call() {
+    let host = host();
+    let report = host.apply(&[policy("wl", &misbehave(), "workloads")], &[]);
+    assert!(report.rejected().is_empty(), "{report:?}");
+    let workloads: Vec<_> = (0..40)
+        .map(|i| weft_plugin_host::testing::workload(&format!("w{i}"), "shop", "sa"))
+        .collect();
+    for round in 0..3 {
+        for i in 0..workloads.len() {
+            let mut c = conn(666, Some(PEER));
+            c.src_workload = Some(workloads[i].clone());
+            c.dst_workload = Some(workloads[(i * 7 + round) % workloads.len()].clone());
+            let expected = format!("src=w{i} dst=w{}", (i * 7 + round) % workloads.len());
+            match host.authorize(&c) {
+                Verdict::Deny { reason, .. } => assert_eq!(reason, expected, "round {round}"),
+                v => panic!("round {round}, call {i}: {v:?}"),
+            }
+        }
+    }
+    let mut c = conn(666, Some(PEER));
+    c.src_workload = None;
+    c.dst_workload = Some(workloads[3].clone());
+    match host.authorize(&c) {
+        Verdict::Deny { reason, .. } => assert_eq!(reason, "src=- dst=w3"),
+        v => panic!("{v:?}"),
+    }
+}

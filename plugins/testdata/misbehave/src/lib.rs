@@ -7,7 +7,8 @@
 //! `log-flood` (logs 10 000 lines per call), `metric-flood` (creates 10 000 series per call),
 //! `configure-error` (`configure` fails), `configure-loop` (`configure` never returns), `state` (asks for the
 //! authorization policies, refuses a set holding a policy named `reject-me`, and denies port 666 with a reason
-//! listing the policy keys it holds).
+//! listing the policy keys it holds), `workloads` (denies port 666 with `src=<name> dst=<name>`, read through the
+//! workload handles the host lends, `-` for none).
 //!
 //! `trap-refill-spin` attacks the instance pool: `authorize` traps on every call (any port), and `configure`
 //! spins until its deadline in every instance but the first one. Instances share nothing but the host, so an
@@ -119,7 +120,7 @@ impl TransportPolicy for Misbehave {
         Ok(())
     }
 
-    fn authorize(&mut self, conn: &Connection, _workloads: &Workloads<'_>) -> Decision {
+    fn authorize(&mut self, conn: &Connection, workloads: &Workloads<'_>) -> Decision {
         if self.mode == "trap-refill-spin" {
             core::arch::wasm32::unreachable();
         }
@@ -157,6 +158,15 @@ impl TransportPolicy for Misbehave {
                 Decision::Allow
             }
             "state" => Decision::deny(format!("policies: [{}]", self.policies.join(","))),
+            // What the host lends: the names behind both workload handles.
+            "workloads" => {
+                let name = |w: Option<&weft_plugin_sdk::Workload>| w.map_or("-".to_string(), |w| w.name());
+                Decision::deny(format!(
+                    "src={} dst={}",
+                    name(workloads.source),
+                    name(workloads.destination)
+                ))
+            }
             "print" | "panic-message" | "random" | "random-huge" | "label-bomb" | "series"
             | "series-flood" => host_api_edge(&self.mode, self.counter.as_ref()),
             _ => Decision::deny("misbehave denies port 666"),
