@@ -27,6 +27,7 @@
 //! - `spiffePrefix`: principal labels as ztunnel writes them, `spiffe://td/ns/x/sa/y` (default true); false drops
 //!   the `spiffe://`.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -196,78 +197,88 @@ fn identity_namespace(id: &str) -> Option<&str> {
     }
 }
 
-/// What one connection reports: its label values (all of [`LABELS`]) and the access log's fields.
+/// What one connection reports: its label values (all of [`LABELS`]) and the access log's fields. Values borrow
+/// from the connection and its workloads wherever they can: a report costs an allocation only for what has to be
+/// built (a principal from a workload's identity, a namespace parsed out of one).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Report {
+pub struct Report<'a> {
     /// One value per entry of [`LABELS`].
-    pub values: Vec<String>,
+    pub values: Vec<Cow<'a, str>>,
     /// The source principal, when the connection is mutual TLS (for the log).
-    pub src_identity: Option<String>,
+    pub src_identity: Option<Cow<'a, str>>,
     /// The destination principal, when the connection is mutual TLS (for the log).
     pub dst_identity: Option<String>,
 }
 
-impl Report {
+/// A principal label: the identity as given, without `spiffe://` unless `spiffe_prefix`, `unknown` for none.
+fn principal(p: Option<Cow<'_, str>>, spiffe_prefix: bool) -> Cow<'_, str> {
+    const PREFIX: &str = "spiffe://";
+    match p {
+        None => Cow::Borrowed(UNKNOWN),
+        Some(p) if spiffe_prefix || !p.starts_with(PREFIX) => p,
+        Some(Cow::Borrowed(s)) => Cow::Borrowed(&s[PREFIX.len()..]),
+        Some(Cow::Owned(s)) => Cow::Owned(s[PREFIX.len()..].to_string()),
+    }
+}
+
+impl<'a> Report<'a> {
     /// The labels of a connection, with `response_flags` as given.
-    pub fn new(info: &ConnectionInfo<'_>, response_flags: &str, spiffe_prefix: bool) -> Self {
-        let conn = &info.conn;
+    pub fn new(info: &ConnectionInfo<'a>, response_flags: &'a str, spiffe_prefix: bool) -> Self {
+        let conn: &'a weft_plugin_sdk::Connection = info.conn;
         let inbound = conn.direction == Direction::Inbound;
         let mtls = conn.hbone;
         let src = info.source_workload;
         let dst = info.destination_workload;
-        let src_principal = if mtls {
-            conn.peer_identity
-                .clone()
-                .or_else(|| src.and_then(identity))
+        let src_principal: Option<Cow<'a, str>> = if mtls {
+            match conn.peer_identity.as_deref() {
+                Some(p) => Some(Cow::Borrowed(p)),
+                None => src.and_then(identity).map(Cow::Owned),
+            }
         } else {
             None
         };
         let dst_principal = dst.and_then(identity);
-        let principal = |p: &Option<String>| match p {
-            Some(p) if !spiffe_prefix => p.strip_prefix("spiffe://").unwrap_or(p).to_string(),
-            Some(p) => p.clone(),
-            None => UNKNOWN.to_string(),
+        let dst_identity = if mtls { dst_principal.clone() } else { None };
+        let w = |w: Option<&'a WorkloadMeta>, f: fn(&WorkloadMeta) -> &str| -> Cow<'a, str> {
+            Cow::Borrowed(or_unknown(w.map_or("", f)))
         };
-        let w = |w: Option<&WorkloadMeta>, f: fn(&WorkloadMeta) -> &str| {
-            or_unknown(w.map_or("", f)).to_string()
-        };
-        let src_ns = match src {
-            Some(s) if !s.namespace.is_empty() => s.namespace.clone(),
-            _ => src_principal
-                .as_deref()
-                .and_then(identity_namespace)
-                .unwrap_or(UNKNOWN)
-                .to_string(),
+        let src_ns: Cow<'a, str> = match src {
+            Some(s) if !s.namespace.is_empty() => Cow::Borrowed(&s.namespace),
+            _ => match src_principal.as_deref().and_then(identity_namespace) {
+                Some(ns) => Cow::Owned(ns.to_string()),
+                None => Cow::Borrowed(UNKNOWN),
+            },
         };
         let (svc_ns, svc_host) = match conn.destination_service.as_deref() {
             Some(s) => s.split_once('/').unwrap_or(("", s)),
             None => ("", ""),
         };
         let svc_name = svc_host.split('.').next().unwrap_or("");
+        let fixed = |s: &'a str| Cow::Borrowed(s);
         let values = vec![
-            (if inbound { "destination" } else { "source" }).to_string(),
+            fixed(if inbound { "destination" } else { "source" }),
             w(src, |m| &m.workload_name),
             w(src, |m| &m.canonical_name),
             w(src, |m| &m.canonical_revision),
             src_ns,
-            principal(&src_principal),
+            principal(src_principal.clone(), spiffe_prefix),
             w(src, |m| &m.canonical_name),
             w(src, |m| &m.canonical_revision),
             w(src, |m| &m.cluster_id),
-            or_unknown(svc_host).to_string(),
-            or_unknown(svc_ns).to_string(),
-            or_unknown(svc_name).to_string(),
+            fixed(or_unknown(svc_host)),
+            fixed(or_unknown(svc_ns)),
+            fixed(or_unknown(svc_name)),
             w(dst, |m| &m.workload_name),
             w(dst, |m| &m.canonical_name),
             w(dst, |m| &m.canonical_revision),
             w(dst, |m| &m.namespace),
-            principal(&dst_principal),
+            principal(dst_principal.map(Cow::Owned), spiffe_prefix),
             w(dst, |m| &m.canonical_name),
             w(dst, |m| &m.canonical_revision),
             w(dst, |m| &m.cluster_id),
-            "tcp".to_string(),
-            or_unknown(response_flags).to_string(),
-            (if mtls { "mutual_tls" } else { UNKNOWN }).to_string(),
+            fixed("tcp"),
+            fixed(or_unknown(response_flags)),
+            fixed(if mtls { "mutual_tls" } else { UNKNOWN }),
             w(src, |m| &m.region),
             w(src, |m| &m.zone),
             w(dst, |m| &m.region),
@@ -276,7 +287,7 @@ impl Report {
         Report {
             values,
             src_identity: src_principal,
-            dst_identity: dst_principal.filter(|_| mtls),
+            dst_identity,
         }
     }
 }
@@ -323,12 +334,12 @@ fn hash_of(kept: &[&str], probe: u64) -> u64 {
 impl IstioTelemetry {
     /// The label set of a report's values (the kept ones), created if new; past `maxSeries` label sets a new one
     /// is recorded with every unbounded label set to `overflow`.
-    fn label_set(&mut self, values: &[String]) -> usize {
+    fn label_set(&mut self, values: &[Cow<'_, str>]) -> usize {
         let mut kept: Vec<&str> = self
             .options
             .keep
             .iter()
-            .map(|&i| values[i].as_str())
+            .map(|&i| values[i].as_ref())
             .collect();
         if let Some(i) = self.find(&kept) {
             return i;
@@ -486,7 +497,7 @@ impl Telemetry for IstioTelemetry {
         let close_set = if failed {
             let r =
                 report.get_or_insert_with(|| Report::new(info, "-", self.options.spiffe_prefix));
-            r.values[RESPONSE_FLAGS] = flags.to_string();
+            r.values[RESPONSE_FLAGS] = Cow::Borrowed(flags);
             self.label_set(&r.values)
         } else {
             open_set
@@ -498,7 +509,7 @@ impl Telemetry for IstioTelemetry {
         if logging {
             let mut r =
                 report.unwrap_or_else(|| Report::new(info, "-", self.options.spiffe_prefix));
-            r.values[RESPONSE_FLAGS] = flags.to_string();
+            r.values[RESPONSE_FLAGS] = Cow::Borrowed(flags);
             let (line, error) = access_log(self.options.access_log, info, close, &r);
             let level = if error { Level::Error } else { Level::Info };
             weft_plugin_sdk::log::log(level, &line);
@@ -532,17 +543,17 @@ fn json_escape(out: &mut String, s: &str) {
 }
 
 /// One field of the access log: a string (quoted) or a bare value.
-enum Field {
-    Str(String),
+enum Field<'a> {
+    Str(Cow<'a, str>),
     Bare(String),
 }
 
 /// The access log line of a closed connection (ztunnel's fields), and whether it reports an error.
-pub fn access_log(
+pub fn access_log<'a>(
     format: AccessLog,
-    info: &ConnectionInfo<'_>,
+    info: &ConnectionInfo<'a>,
     close: &CloseInfo,
-    report: &Report,
+    report: &Report<'_>,
 ) -> (String, bool) {
     let conn = &info.conn;
     let inbound = conn.direction == Direction::Inbound;
@@ -551,7 +562,7 @@ pub fn access_log(
     let dst_addr = conn.destination_addr();
     let mut fields: Vec<(&str, Field)> = Vec::with_capacity(16);
     fields.push(("src.addr", Field::Bare(conn.source_addr().to_string())));
-    let name = |w: Option<&WorkloadMeta>| {
+    let name = |w: Option<&'a WorkloadMeta>| {
         w.map(|w| {
             if w.name.is_empty() {
                 &w.canonical_name
@@ -560,17 +571,21 @@ pub fn access_log(
             }
         })
         .filter(|n| !n.is_empty())
-        .cloned()
+        .map(|n| Field::Str(Cow::Borrowed(n.as_str())))
     };
-    let v = |i: usize| Some(report.values[i].clone()).filter(|s| s != UNKNOWN);
+    let v = |i: usize| {
+        Some(report.values[i].as_ref())
+            .filter(|s| *s != UNKNOWN)
+            .map(|s| Field::Str(Cow::Borrowed(s)))
+    };
     if let Some(n) = name(src) {
-        fields.push(("src.workload", Field::Str(n)));
+        fields.push(("src.workload", n));
     }
     if let Some(n) = v(4) {
-        fields.push(("src.namespace", Field::Str(n)));
+        fields.push(("src.namespace", n));
     }
     if let Some(id) = &report.src_identity {
-        fields.push(("src.identity", Field::Str(id.clone())));
+        fields.push(("src.identity", Field::Str(Cow::Borrowed(id.as_ref()))));
     }
     if conn.hbone {
         // The L4 address is the HBONE port of the destination; the tunnel's target is the workload address.
@@ -581,20 +596,20 @@ pub fn access_log(
         fields.push(("dst.addr", Field::Bare(dst_addr.to_string())));
     }
     if let Some(s) = v(9) {
-        fields.push(("dst.service", Field::Str(s)));
+        fields.push(("dst.service", s));
     }
     if let Some(n) = name(dst) {
-        fields.push(("dst.workload", Field::Str(n)));
+        fields.push(("dst.workload", n));
     }
     if let Some(n) = v(15) {
-        fields.push(("dst.namespace", Field::Str(n)));
+        fields.push(("dst.namespace", n));
     }
     if let Some(id) = &report.dst_identity {
-        fields.push(("dst.identity", Field::Str(id.clone())));
+        fields.push(("dst.identity", Field::Str(Cow::Borrowed(id.as_str()))));
     }
     fields.push((
         "direction",
-        Field::Str((if inbound { "inbound" } else { "outbound" }).to_string()),
+        Field::Str(Cow::Borrowed(if inbound { "inbound" } else { "outbound" })),
     ));
     // Bytes from the local workload's point of view (ztunnel "unflips" Istio's metric convention for logs).
     let (sent, recv) = if inbound {
@@ -606,7 +621,7 @@ pub fn access_log(
     fields.push(("bytes_recv", Field::Bare(recv.to_string())));
     fields.push((
         "duration",
-        Field::Str(format!("{}ms", close.duration_ns / 1_000_000)),
+        Field::Str(Cow::Owned(format!("{}ms", close.duration_ns / 1_000_000))),
     ));
     let error = close.error.clone().or_else(|| match &close.verdict {
         Verdict::Deny((by, reason)) => Some(format!("denied by {by}: {reason}")),
@@ -614,7 +629,7 @@ pub fn access_log(
     });
     let is_error = error.is_some();
     if let Some(e) = error {
-        fields.push(("error", Field::Str(e)));
+        fields.push(("error", Field::Str(Cow::Owned(e))));
     }
     let mut out = String::with_capacity(512);
     match format {
