@@ -421,25 +421,30 @@ async fn misbehaving_plugins_are_contained() {
     assert!(try_conn(&mesh, 666).await.is_ok(), "fail-open must allow");
 }
 
-/// `weft run` compiles plugins in a child (`weft compile-plugin`, the real binary): what it compiles serves, a
+/// `weft run` compiles plugins in a child (`weft compile-plugin`, the real binary): a child whose address space
+/// is capped below what the compile needs fails it, under the default cap what it compiles serves, a
 /// component it finds invalid is rejected with the parser's reason, and its artifact lands in the disk compile
 /// cache, verified, so a host whose compiler cannot even start loads it from there.
 #[test]
 fn plugins_compile_in_a_weft_child_process_and_land_in_the_compile_cache() {
     use weft_hooks::{ConnectionHooks, Verdict};
     use weft_plugin_host::testing::{conn, pinned_code, spec};
-    use weft_plugin_host::{Compiler, HostConfig, Outcome, PluginHost, SubprocessCompiler};
+    use weft_plugin_host::{
+        Compiler, DEFAULT_COMPILE_ADDRESS_SPACE, HostConfig, Outcome, PluginHost,
+        SubprocessCompiler,
+    };
 
     let weft = weft_devmesh::weft_binary().unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let host_with = |program: PathBuf| {
+    let host_capped = |program: PathBuf, cache_dir: Option<PathBuf>, limit: u64| {
         PluginHost::new(HostConfig {
             prewarm_instances: 1,
-            cache_dir: Some(cache.path().join("compiled")),
+            cache_dir,
             compiler: Compiler::Subprocess(SubprocessCompiler {
                 program,
                 args: vec!["compile-plugin".into()],
                 timeout: Duration::from_secs(120),
+                address_space_limit: Some(limit),
             }),
             ..HostConfig::default()
         })
@@ -456,6 +461,26 @@ fn plugins_compile_in_a_weft_child_process_and_land_in_the_compile_cache() {
     let allowlist = Arc::new(allowlist);
     let peer = Some("spiffe://cluster.local/ns/shop/sa/frontend");
 
+    let host_with = |program: PathBuf| {
+        host_capped(
+            program,
+            Some(cache.path().join("compiled")),
+            DEFAULT_COMPILE_ADDRESS_SPACE,
+        )
+    };
+
+    // The same compile in a child capped far below what it needs fails (the cap is applied), with a reason.
+    let starved = host_capped(weft.clone(), None, 32 << 20);
+    let report = starved.apply(std::slice::from_ref(&allowlist), &[]);
+    match report.get("p") {
+        Some(Outcome::Rejected { reason, .. }) => {
+            assert!(reason.contains("the compiler process failed"), "{reason}")
+        }
+        other => panic!("a starved compiler child must fail: {other:?}"),
+    }
+    drop(starved);
+
+    // Under the default cap it compiles.
     let host = host_with(weft.clone());
     let report = host.apply(std::slice::from_ref(&allowlist), &[]);
     assert!(

@@ -246,6 +246,10 @@ pub struct RunArgs {
     /// A plugin compile still running after this is stopped and the plugin version rejected.
     #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
     pub plugin_compile_timeout: Duration,
+    /// The address space a plugin compile may use, in MiB (the compiler child's RLIMIT_AS; 0: no cap). A
+    /// component that drives the compiler past it is rejected.
+    #[arg(long, default_value_t = weft_plugin_host::DEFAULT_COMPILE_ADDRESS_SPACE >> 20)]
+    pub plugin_compile_memory_mib: u64,
     /// Docker config.json with registry credentials for plugin code pulled from OCI registries (oci:// in a
     /// plugin resource); re-read on every pull. A resource's own pull secret (Istio's) is tried first.
     #[arg(long, env = "WEFT_PLUGIN_PULL_SECRET")]

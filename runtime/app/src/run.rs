@@ -161,6 +161,8 @@ fn plugin_host_config(args: &RunArgs) -> HostConfig {
                 program: "/proc/self/exe".into(),
                 args: vec!["compile-plugin".into()],
                 timeout: args.plugin_compile_timeout,
+                address_space_limit: (args.plugin_compile_memory_mib > 0)
+                    .then(|| args.plugin_compile_memory_mib.saturating_mul(1 << 20)),
             }),
         },
         rollout: weft_state::PluginRollout {

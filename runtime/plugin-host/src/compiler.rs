@@ -58,7 +58,16 @@ pub struct SubprocessCompiler {
     pub args: Vec<OsString>,
     /// A child still running after this is killed and the load fails.
     pub timeout: Duration,
+    /// The child's address-space cap in bytes (`RLIMIT_AS`), which the child sets on itself before it reads the
+    /// component (passed as `--address-space-limit N`): a component that drives the compiler's memory past it
+    /// fails that compile (the child aborts on the failed allocation) instead of growing without bound on the
+    /// node. None: no cap.
+    pub address_space_limit: Option<u64>,
 }
+
+/// `weft run`'s default for [`SubprocessCompiler::address_space_limit`]: far above what compiling the default
+/// plugins takes (the executable's own mappings included), far below a node's memory.
+pub const DEFAULT_COMPILE_ADDRESS_SPACE: u64 = 2 << 30;
 
 /// The engine settings that decide what compiled code looks like; the node's engine and a compiler child's are
 /// built from the same values.
@@ -159,9 +168,12 @@ impl SubprocessCompiler {
     fn compile(&self, settings: EngineSettings, bytes: &[u8]) -> Result<Vec<u8>, LoadError> {
         let failed =
             |what: String| LoadError::Compiler(format!("{}: {what}", self.program.display()));
-        let mut child = Command::new(&self.program)
-            .args(&self.args)
-            .args(settings.args())
+        let mut command = Command::new(&self.program);
+        command.args(&self.args).args(settings.args());
+        if let Some(limit) = self.address_space_limit {
+            command.arg(ADDRESS_SPACE_FLAG).arg(limit.to_string());
+        }
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -249,9 +261,52 @@ impl SubprocessCompiler {
     }
 }
 
-/// The compiler child's whole job: read a component from `input`, compile it for an engine built from the
-/// arguments (see [`EngineSettings::parse_args`]) and write the artifact to `output`. Returns the process exit
-/// code: 0, 1 (the input is not a valid component; the reason is on `errors`) or 2 (bad arguments, I/O).
+/// The child's flag for its own address-space cap ([`SubprocessCompiler::address_space_limit`]).
+const ADDRESS_SPACE_FLAG: &str = "--address-space-limit";
+
+/// Takes `--address-space-limit N` out of the child's arguments: the cap, if given, and the engine settings' part.
+fn split_address_space_limit(args: Vec<String>) -> Result<(Option<u64>, Vec<String>), String> {
+    let mut limit = None;
+    let mut rest = Vec::with_capacity(args.len());
+    let mut it = args.into_iter();
+    while let Some(arg) = it.next() {
+        if arg == ADDRESS_SPACE_FLAG {
+            let value = it
+                .next()
+                .ok_or_else(|| format!("{ADDRESS_SPACE_FLAG} needs a value"))?;
+            limit = Some(
+                value
+                    .parse::<u64>()
+                    .map_err(|e| format!("{ADDRESS_SPACE_FLAG} {value:?}: {e}"))?,
+            );
+        } else {
+            rest.push(arg);
+        }
+    }
+    Ok((limit, rest))
+}
+
+/// Caps this process's address space (`RLIMIT_AS`, soft and hard: it cannot be raised again).
+#[allow(unsafe_code)]
+fn limit_address_space(bytes: u64) -> std::io::Result<()> {
+    let limit = libc::rlimit {
+        rlim_cur: bytes as libc::rlim_t,
+        rlim_max: bytes as libc::rlim_t,
+    };
+    // SAFETY: `setrlimit` reads one `rlimit` through a valid pointer; it changes only this process's limits.
+    let rc = unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The compiler child's whole job: cap its own address space if asked (`--address-space-limit N`), read a
+/// component from `input`, compile it for an engine built from the other arguments (see
+/// [`EngineSettings::parse_args`]) and write the artifact to `output`. Returns the process exit code: 0, 1 (the
+/// input is not a valid component; the reason is on `errors`) or 2 (bad arguments, I/O). A compile that runs
+/// out of its address space aborts the process (a failed allocation), which the parent reports with the signal.
 pub fn compile_child_main<I, R, W, E>(args: I, mut input: R, mut output: W, mut errors: E) -> i32
 where
     I: IntoIterator<Item = String>,
@@ -263,10 +318,22 @@ where
         let _ = writeln!(errors, "{why}");
         code
     };
+    let (limit, args) = match split_address_space_limit(args.into_iter().collect()) {
+        Ok(split) => split,
+        Err(e) => return fail(EXIT_SETUP, format!("bad arguments: {e}")),
+    };
     let settings = match EngineSettings::parse_args(args) {
         Ok(s) => s,
         Err(e) => return fail(EXIT_SETUP, format!("bad arguments: {e}")),
     };
+    if let Some(bytes) = limit
+        && let Err(e) = limit_address_space(bytes)
+    {
+        return fail(
+            EXIT_SETUP,
+            format!("cannot cap the address space at {bytes} bytes: {e}"),
+        );
+    }
     let engine = match Engine::new(&settings.config()) {
         Ok(e) => e,
         Err(e) => return fail(EXIT_SETUP, format!("cannot create the wasm engine: {e:#}")),
@@ -302,6 +369,46 @@ mod tests {
         assert!(
             EngineSettings::parse_args(["--memory-limit".to_string(), "1".to_string()]).is_err(),
             "both settings are required"
+        );
+    }
+
+    #[test]
+    fn the_address_space_limit_is_taken_out_of_the_child_arguments() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let (limit, rest) = split_address_space_limit(args(&[
+            "--memory-limit",
+            "1",
+            "--address-space-limit",
+            "4096",
+            "--max-wasm-stack",
+            "2",
+        ]))
+        .unwrap();
+        assert_eq!(limit, Some(4096));
+        assert_eq!(
+            rest,
+            args(&["--memory-limit", "1", "--max-wasm-stack", "2"])
+        );
+        assert_eq!(
+            split_address_space_limit(args(&["--memory-limit", "1"])).unwrap(),
+            (None, args(&["--memory-limit", "1"]))
+        );
+        assert!(split_address_space_limit(args(&["--address-space-limit"])).is_err());
+        assert!(split_address_space_limit(args(&["--address-space-limit", "lots"])).is_err());
+        // Bad limits are refused before anything is read or compiled.
+        let mut out = Vec::new();
+        let mut err = Vec::new();
+        let bad = args(&[
+            "--address-space-limit",
+            "x",
+            "--memory-limit",
+            "1",
+            "--max-wasm-stack",
+            "2",
+        ]);
+        assert_eq!(
+            compile_child_main(bad, &b""[..], &mut out, &mut err),
+            EXIT_SETUP
         );
     }
 

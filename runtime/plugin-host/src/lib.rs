@@ -46,7 +46,9 @@ pub mod testing;
 mod wasi;
 
 pub use apply::{ApplyReport, Outcome, PluginOutcome};
-pub use compiler::{Compiler, EngineSettings, SubprocessCompiler, compile_child_main};
+pub use compiler::{
+    Compiler, DEFAULT_COMPILE_ADDRESS_SPACE, EngineSettings, SubprocessCompiler, compile_child_main,
+};
 pub use config::HostConfig;
 pub use engine::sha256_hex;
 pub use error::{CallError, ErrorKind, LoadError};

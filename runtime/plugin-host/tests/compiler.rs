@@ -23,6 +23,7 @@ fn host_with_child(script: &str, timeout: Duration) -> PluginHost {
             program: "/bin/sh".into(),
             args: vec!["-c".into(), script.into(), "sh".into()],
             timeout,
+            address_space_limit: None,
         }),
         ..HostConfig::default()
     })
@@ -70,6 +71,7 @@ fn a_compiler_that_cannot_start_is_a_clear_rejection() {
             program: "/nonexistent/weft".into(),
             args: vec!["compile-plugin".into()],
             timeout: Duration::from_secs(60),
+            address_space_limit: None,
         }),
         ..HostConfig::default()
     })
