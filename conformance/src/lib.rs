@@ -206,6 +206,19 @@ where
     }
 }
 
+/// The reference CA binary, `weft-ca`, built next to `weft` (`cargo build -p weft -p weft-ca-server`).
+pub fn weft_ca_binary() -> std::path::PathBuf {
+    let ca = weft_devmesh::weft_binary()
+        .expect("the weft binary")
+        .with_file_name("weft-ca");
+    assert!(
+        ca.is_file(),
+        "{} not found: run `cargo build -p weft -p weft-ca-server` first",
+        ca.display()
+    );
+    ca
+}
+
 /// A metric's value from Prometheus text (sum over every series whose line starts with `prefix`).
 pub fn metric_sum(text: &str, prefix: &str) -> f64 {
     text.lines()

@@ -4,8 +4,8 @@
 //! own (a workload's token may not get its neighbour's), and every refusal is audited with its reason; a CA
 //! answering with the wrong SAN is refused; certificates rotate under traffic without a failed connection; a CA
 //! outage is ridden out on the current certificates, retried with doubling backoff and recovered from without a
-//! restart. The local CA: `weft ca init` creates the key 0600 whatever the umask and never overwrites a CA, and
-//! `weft run` refuses a CA key others can read. Every wait is for an event (a log line, a dump, a process exit)
+//! restart. (The CA's files and flags, `weft ca init`'s key mode and `weft run`'s refusal of a readable key, are
+//! in `ca_files.rs`.) Every wait is for an event (a log line, a dump, a process exit)
 //! with a generous overall bound; nothing asserts on elapsed time.
 //!
 //! Needs `cargo build -p weft -p weft-ca-server` first (the binaries are found next to each other).
@@ -28,17 +28,6 @@ const PATIENCE: Duration = Duration::from_secs(60);
 
 /// The node agents `weft-ca` trusts: the identities of node-a's and node-b's tokens.
 const NODE_AGENTS: &str = "weft-system/node-a,weft-system/node-b";
-
-fn ca_binary() -> PathBuf {
-    let weft = weft_devmesh::weft_binary().unwrap();
-    let ca = weft.with_file_name("weft-ca");
-    assert!(
-        ca.is_file(),
-        "{} not found: run `cargo build -p weft -p weft-ca-server` first",
-        ca.display()
-    );
-    ca
-}
 
 /// The reference CA as a child process, with its JSON log.
 struct CaProcess {
@@ -71,7 +60,7 @@ impl CaProcess {
             .append(true)
             .open(&self.log)
             .unwrap();
-        let child = Command::new(ca_binary())
+        let child = Command::new(weft_conformance::weft_ca_binary())
             .args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -786,116 +775,4 @@ async fn only_trusted_node_agents_may_impersonate_and_refusals_are_audited() {
             .contains("no workload on node node-a"),
         "{deny}"
     );
-}
-
-/// A malformed `--trusted-node-accounts` stops `weft-ca` with an error naming the entry and the expected form.
-#[test]
-fn weft_ca_refuses_a_malformed_trusted_node_accounts_flag() {
-    for (value, want) in [
-        ("weft-system", "is not namespace/name"),
-        ("weft-system/weft,", "empty entry"),
-        ("Weft/x", "namespace \"Weft\""),
-    ] {
-        let out = Command::new(ca_binary())
-            .args([
-                "--ca-dir",
-                "/nonexistent",
-                "--mesh-config",
-                "/nonexistent",
-                "--tokens",
-                "/nonexistent",
-                "--trusted-node-accounts",
-                value,
-            ])
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{value}: {stderr}");
-        assert!(
-            stderr.contains("--trusted-node-accounts"),
-            "{value}: {stderr}"
-        );
-        assert!(stderr.contains(want), "{value}: {stderr}");
-    }
-}
-
-fn file_mode(p: &Path) -> u32 {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
-}
-
-/// `weft ca init` under umask 0 (so nothing but the open call's own mode protects the key): the key is 0600 and
-/// the certificate 0644; a second `ca init` into the same directory refuses to overwrite the CA.
-#[test]
-fn ca_init_creates_the_key_owner_only_whatever_the_umask_and_never_overwrites_it() {
-    let weft = weft_devmesh::weft_binary().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let out_dir = dir.path().join("ca");
-    let init = || {
-        Command::new("sh")
-            .args(["-c", "umask 000 && exec \"$0\" ca init --out \"$1\""])
-            .arg(&weft)
-            .arg(&out_dir)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
-    };
-    let out = init();
-    assert!(out.status.success(), "{out:?}");
-    let key = out_dir.join("root-key.pem");
-    assert_eq!(file_mode(&key), 0o600);
-    assert_eq!(file_mode(&out_dir.join("root-cert.pem")), 0o644);
-    let before = std::fs::read(&key).unwrap();
-    let again = init();
-    let stderr = String::from_utf8_lossy(&again.stderr);
-    assert!(!again.status.success(), "{again:?}");
-    assert!(stderr.contains("already exists"), "{stderr}");
-    assert_eq!(
-        std::fs::read(&key).unwrap(),
-        before,
-        "the CA key was replaced"
-    );
-}
-
-/// `weft run` in local-CA mode refuses a CA key that group or others can read, naming the file, its mode and the
-/// fix; with the key fixed it starts, and warns that local-CA mode is for one machine or development.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn weft_run_refuses_a_ca_key_readable_by_others() {
-    use std::os::unix::fs::PermissionsExt;
-    let a = Addrs { n: 82 };
-    let dir = tempfile::tempdir().unwrap();
-    let ca_dir = dir.path().join("ca");
-    weft_identity::ca::write_root(&ca_dir, "cluster.local", Duration::from_secs(3600)).unwrap();
-    let key = ca_dir.join("root-key.pem");
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let config = dir.path().join("a.yaml");
-    std::fs::write(&config, mesh_yaml(a, "echo")).unwrap();
-    let opts = NodeOptions::loopback("node-a", a.node_a(), &config, &ca_dir, dir.path());
-    let weft = weft_devmesh::weft_binary().unwrap();
-    let mut node = NodeProcess::spawn(&weft, &opts).unwrap();
-    let err = node
-        .wait_ready(PATIENCE)
-        .await
-        .expect_err("weft started with a world-readable CA key");
-    assert!(err.contains("exited (exit status: 1)"), "{err}");
-    let stderr = std::fs::read_to_string(&node.log_path).unwrap();
-    for want in [
-        format!("{} has mode 0644", key.display()),
-        format!("chmod 600 {}", key.display()),
-    ] {
-        assert!(stderr.contains(&want), "{want:?} not in: {stderr}");
-    }
-    // Fixed, the node starts, with the warning.
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let mut node = NodeProcess::spawn(&weft, &opts).unwrap();
-    node.wait_ready(PATIENCE).await.unwrap();
-    let warned = node.log_lines().into_iter().find(|l| {
-        l["level"] == "WARN"
-            && l["message"]
-                .as_str()
-                .is_some_and(|m| m.starts_with("local CA mode"))
-    });
-    let warned = warned.unwrap_or_else(|| panic!("no local-CA warning:\n{}", node.log_tail(20)));
-    assert_eq!(warned["ca_dir"], ca_dir.display().to_string(), "{warned}");
 }
