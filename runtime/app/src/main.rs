@@ -2,6 +2,22 @@
 
 use clap::Parser;
 
+/// jemalloc, not glibc's malloc: under bulk traffic glibc kept handing the relay's and h2's large buffers back to
+/// the kernel and faulting them in again (page faults were the biggest difference between weft's and ztunnel's
+/// CPU profiles, and weft spent 1.3× ztunnel's CPU per GiB); with jemalloc both spend the same (REFERENCE.md §I
+/// bench, `conformance/benches/mesh.rs`).
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's options, read when it starts: a background thread gives freed pages back to the kernel after a
+/// second unused (`dirty_decay_ms`; at once from there, `muzzy_decay_ms:0`), so an idle node does not keep the
+/// memory of a past burst, and no transparent huge pages (they would inflate RSS). `tests/allocator.rs` checks they
+/// are in effect. (A C `const char *malloc_conf`: a slice's first word is its pointer.)
+#[allow(unsafe_code)] // `export_name`: jemalloc looks this symbol up by name
+#[unsafe(export_name = "_rjem_malloc_conf")]
+pub static MALLOC_CONF: &[u8] =
+    b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0,thp:never\0";
+
 fn main() -> anyhow::Result<()> {
     let cli = weft::cli::Cli::parse();
     weft::dispatch(cli)
