@@ -60,8 +60,8 @@ pub struct SubprocessCompiler {
     pub timeout: Duration,
     /// The child's address-space cap in bytes (`RLIMIT_AS`), which the child sets on itself before it reads the
     /// component (passed as `--address-space-limit N`): a component that drives the compiler's memory past it
-    /// fails that compile (the child aborts on the failed allocation) instead of growing without bound on the
-    /// node. None: no cap.
+    /// fails that compile (the failed allocation is an error the child reports, or an abort the host reports with
+    /// its signal) instead of growing without bound on the node. None: no cap.
     pub address_space_limit: Option<u64>,
 }
 
@@ -305,8 +305,9 @@ fn limit_address_space(bytes: u64) -> std::io::Result<()> {
 /// The compiler child's whole job: cap its own address space if asked (`--address-space-limit N`), read a
 /// component from `input`, compile it for an engine built from the other arguments (see
 /// [`EngineSettings::parse_args`]) and write the artifact to `output`. Returns the process exit code: 0, 1 (the
-/// input is not a valid component; the reason is on `errors`) or 2 (bad arguments, I/O). A compile that runs
-/// out of its address space aborts the process (a failed allocation), which the parent reports with the signal.
+/// input is not a valid component; the reason is on `errors`) or 2 (bad arguments, I/O, or an allocation the cap
+/// refused where it can be reported); an allocation refused elsewhere aborts the process, which the parent
+/// reports with the signal.
 pub fn compile_child_main<I, R, W, E>(args: I, mut input: R, mut output: W, mut errors: E) -> i32
 where
     I: IntoIterator<Item = String>,
