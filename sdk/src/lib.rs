@@ -173,6 +173,10 @@ pub trait Telemetry: Sized + 'static {
     fn on_close(&mut self, conn: &ConnectionInfo<'_>, close: &CloseInfo) {
         let _ = (conn, close);
     }
+
+    /// The batch's events have all been seen: the place to hand the host what was summed over them (one metric
+    /// update per series per batch instead of one per event; each update is a call into the host).
+    fn on_batch_end(&mut self) {}
 }
 
 impl Decision {

@@ -79,6 +79,7 @@ pub fn telemetry_on_events<T: Telemetry>(
                     Event::Closed((c, close)) => plugin.on_close(&info(c), close),
                 }
             }
+            plugin.on_batch_end();
         }
     });
 }

@@ -297,6 +297,10 @@ impl<'a> Report<'a> {
 struct LabelSet {
     values: Vec<String>,
     series: [Option<CounterSeries>; 5],
+    /// What the batch in progress added to each counter (none: untouched), handed to the host at its end.
+    pending: [Option<u64>; 5],
+    /// Whether this set is in [`IstioTelemetry::dirty`].
+    dirty: bool,
 }
 
 /// Which counter of a label set (index into [`LabelSet::series`]).
@@ -316,6 +320,8 @@ pub struct IstioTelemetry {
     /// opened, closed, failed, sent, received (the order of [`Which`]).
     counters: [Counter; 5],
     sockets: [Option<GaugeSeries>; 2],
+    /// What the batch in progress moved each sockets gauge by (none: untouched).
+    sockets_pending: [Option<i64>; 2],
     sockets_gauge: Gauge,
     overflow: Counter,
     /// Label sets by the hash of their values (probing on a collision), as indices into `sets`.
@@ -323,6 +329,8 @@ pub struct IstioTelemetry {
     sets: Vec<LabelSet>,
     /// Connections reported open, with the label set of their open.
     live: HashMap<u64, usize>,
+    /// The label sets the batch in progress touched.
+    dirty: Vec<usize>,
 }
 
 fn hash_of(kept: &[&str], probe: u64) -> u64 {
@@ -366,6 +374,8 @@ impl IstioTelemetry {
         self.sets.push(LabelSet {
             values: kept.iter().map(|v| v.to_string()).collect(),
             series: [None; 5],
+            pending: [None; 5],
+            dirty: false,
         });
         i
     }
@@ -386,30 +396,57 @@ impl IstioTelemetry {
         None
     }
 
-    /// Adds to one counter of a label set (its series registered on first use; a series the host refuses, e.g.
-    /// past its cap, is counted there as dropped and tried again next time).
+    /// Adds to one counter of a label set, for the end of the batch ([`Self::flush`]).
     fn add(&mut self, set: usize, which: Which, value: u64) {
         let entry = &mut self.sets[set];
-        let slot = &mut entry.series[which as usize];
-        if slot.is_none() {
-            let values: Vec<&str> = entry.values.iter().map(String::as_str).collect();
-            *slot = self.counters[which as usize].series(&values).ok();
-        }
-        if let Some(s) = slot {
-            s.add(value);
+        let slot = &mut entry.pending[which as usize];
+        *slot = Some(slot.unwrap_or(0).saturating_add(value));
+        if !entry.dirty {
+            entry.dirty = true;
+            self.dirty.push(set);
         }
     }
 
     fn sockets_add(&mut self, info: &ConnectionInfo<'_>, delta: i64) {
-        let (i, reporter) = match info.conn.direction {
-            Direction::Inbound => (0, "destination"),
-            Direction::Outbound => (1, "source"),
+        let i = match info.conn.direction {
+            Direction::Inbound => 0,
+            Direction::Outbound => 1,
         };
-        if self.sockets[i].is_none() {
-            self.sockets[i] = self.sockets_gauge.series(&[reporter]).ok();
+        let slot = &mut self.sockets_pending[i];
+        *slot = Some(slot.unwrap_or(0) + delta);
+    }
+
+    /// Hands the batch's sums to the host: one update per series the batch touched, however many of its events
+    /// did (each update is a call into the host). A series is registered on first use; one the host refuses, e.g.
+    /// past its cap, is counted there as dropped and tried again next batch.
+    fn flush(&mut self) {
+        for set in std::mem::take(&mut self.dirty) {
+            let entry = &mut self.sets[set];
+            entry.dirty = false;
+            for (which, pending) in entry.pending.iter_mut().enumerate() {
+                let Some(value) = pending.take() else {
+                    continue;
+                };
+                let slot = &mut entry.series[which];
+                if slot.is_none() {
+                    let values: Vec<&str> = entry.values.iter().map(String::as_str).collect();
+                    *slot = self.counters[which].series(&values).ok();
+                }
+                if let Some(s) = slot {
+                    s.add(value);
+                }
+            }
         }
-        if let Some(s) = &self.sockets[i] {
-            s.add(delta);
+        for (i, reporter) in ["destination", "source"].into_iter().enumerate() {
+            let Some(delta) = self.sockets_pending[i].take() else {
+                continue;
+            };
+            if self.sockets[i].is_none() {
+                self.sockets[i] = self.sockets_gauge.series(&[reporter]).ok();
+            }
+            if let Some(s) = &self.sockets[i] {
+                s.add(delta);
+            }
         }
     }
 }
@@ -448,6 +485,7 @@ impl Telemetry for IstioTelemetry {
                 &["reporter"],
             )?,
             sockets: [None; 2],
+            sockets_pending: [None; 2],
             overflow: Counter::define(
                 "istio_telemetry_series_overflow_total",
                 "Connections recorded under `overflow` labels because maxSeries label sets exist.",
@@ -456,6 +494,7 @@ impl Telemetry for IstioTelemetry {
             index: HashMap::new(),
             sets: Vec::new(),
             live: HashMap::new(),
+            dirty: Vec::new(),
             label_names,
             options,
         })
@@ -468,6 +507,10 @@ impl Telemetry for IstioTelemetry {
         if self.live.len() < MAX_LIVE && self.live.insert(info.conn.id, set).is_none() {
             self.sockets_add(info, 1);
         }
+    }
+
+    fn on_batch_end(&mut self) {
+        self.flush();
     }
 
     fn on_close(&mut self, info: &ConnectionInfo<'_>, close: &CloseInfo) {

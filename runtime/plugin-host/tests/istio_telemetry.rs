@@ -244,6 +244,44 @@ fn bytes_follow_istio_directions() {
     );
 }
 
+/// The plugin sums a batch's events per series and hands the host one update per series at the batch's end: many
+/// connections queued at once (into one batch or several) still add up exactly, and the gauge nets out.
+#[test]
+fn many_connections_at_once_add_up_in_every_series() {
+    let h = Harness::telemetry(&wasm(), r#"{"accessLog": "off"}"#).unwrap();
+    let conns: Vec<ConnectionRecord> = (0..50).map(|_| rich_conn()).collect();
+    for c in &conns {
+        h.host().on_open(c);
+    }
+    for c in &conns[..20] {
+        h.host().on_close(c, &close(10, 100));
+    }
+    h.host().flush_telemetry();
+    let text = h.metrics_text();
+    let total = |name: &str| samples(&text, name).iter().map(|s| s.value).sum::<f64>();
+    assert_eq!(total("istio_tcp_connections_opened_total"), 50.0, "{text}");
+    assert_eq!(total("istio_tcp_connections_closed_total"), 20.0);
+    assert_eq!(total("istio_tcp_received_bytes_total"), 200.0);
+    assert_eq!(total("istio_tcp_sent_bytes_total"), 2000.0);
+    let open = samples(&text, "istio_tcp_sockets_open");
+    assert_eq!(open.len(), 1, "{text}");
+    assert_eq!(open[0].value, 30.0);
+    // The rest close later, in another batch: the open gauge comes back to zero.
+    for c in &conns[20..] {
+        h.host().on_close(c, &close(0, 0));
+    }
+    h.host().flush_telemetry();
+    let text = h.metrics_text();
+    assert_eq!(samples(&text, "istio_tcp_sockets_open")[0].value, 0.0);
+    assert_eq!(
+        samples(&text, "istio_tcp_connections_closed_total")
+            .iter()
+            .map(|s| s.value)
+            .sum::<f64>(),
+        50.0
+    );
+}
+
 #[test]
 fn denied_connection_is_opened_closed_and_failed() {
     let h = Harness::telemetry(&wasm(), "").unwrap();
