@@ -206,8 +206,6 @@ pub struct Report<'a> {
     pub values: Vec<Cow<'a, str>>,
     /// The source principal, when the connection is mutual TLS (for the log).
     pub src_identity: Option<Cow<'a, str>>,
-    /// The destination principal, when the connection is mutual TLS (for the log).
-    pub dst_identity: Option<String>,
 }
 
 /// A principal label: the identity as given, without `spiffe://` unless `spiffe_prefix`, `unknown` for none.
@@ -217,7 +215,10 @@ fn principal(p: Option<Cow<'_, str>>, spiffe_prefix: bool) -> Cow<'_, str> {
         None => Cow::Borrowed(UNKNOWN),
         Some(p) if spiffe_prefix || !p.starts_with(PREFIX) => p,
         Some(Cow::Borrowed(s)) => Cow::Borrowed(&s[PREFIX.len()..]),
-        Some(Cow::Owned(s)) => Cow::Owned(s[PREFIX.len()..].to_string()),
+        Some(Cow::Owned(mut s)) => {
+            s.replace_range(..PREFIX.len(), "");
+            Cow::Owned(s)
+        }
     }
 }
 
@@ -238,7 +239,6 @@ impl<'a> Report<'a> {
             None
         };
         let dst_principal = dst.and_then(identity);
-        let dst_identity = if mtls { dst_principal.clone() } else { None };
         let w = |w: Option<&'a WorkloadMeta>, f: fn(&WorkloadMeta) -> &str| -> Cow<'a, str> {
             Cow::Borrowed(or_unknown(w.map_or("", f)))
         };
@@ -287,7 +287,6 @@ impl<'a> Report<'a> {
         Report {
             values,
             src_identity: src_principal,
-            dst_identity,
         }
     }
 }
@@ -297,10 +296,9 @@ impl<'a> Report<'a> {
 struct LabelSet {
     values: Vec<String>,
     series: [Option<CounterSeries>; 5],
-    /// What the batch in progress added to each counter (none: untouched), handed to the host at its end.
+    /// What the batch in progress added to each counter (none: untouched), handed to the host at its end. A set
+    /// with any is in [`IstioTelemetry::dirty`].
     pending: [Option<u64>; 5],
-    /// Whether this set is in [`IstioTelemetry::dirty`].
-    dirty: bool,
 }
 
 /// Which counter of a label set (index into [`LabelSet::series`]).
@@ -375,7 +373,6 @@ impl IstioTelemetry {
             values: kept.iter().map(|v| v.to_string()).collect(),
             series: [None; 5],
             pending: [None; 5],
-            dirty: false,
         });
         i
     }
@@ -398,13 +395,12 @@ impl IstioTelemetry {
 
     /// Adds to one counter of a label set, for the end of the batch ([`Self::flush`]).
     fn add(&mut self, set: usize, which: Which, value: u64) {
-        let entry = &mut self.sets[set];
-        let slot = &mut entry.pending[which as usize];
-        *slot = Some(slot.unwrap_or(0).saturating_add(value));
-        if !entry.dirty {
-            entry.dirty = true;
+        let pending = &mut self.sets[set].pending;
+        if pending.iter().all(Option::is_none) {
             self.dirty.push(set);
         }
+        let slot = &mut pending[which as usize];
+        *slot = Some(slot.unwrap_or(0).saturating_add(value));
     }
 
     fn sockets_add(&mut self, info: &ConnectionInfo<'_>, delta: i64) {
@@ -422,7 +418,6 @@ impl IstioTelemetry {
     fn flush(&mut self) {
         for set in std::mem::take(&mut self.dirty) {
             let entry = &mut self.sets[set];
-            entry.dirty = false;
             for (which, pending) in entry.pending.iter_mut().enumerate() {
                 let Some(value) = pending.take() else {
                     continue;
@@ -647,8 +642,9 @@ pub fn access_log<'a>(
     if let Some(n) = v(15) {
         fields.push(("dst.namespace", n));
     }
-    if let Some(id) = &report.dst_identity {
-        fields.push(("dst.identity", Field::Str(Cow::Borrowed(id.as_str()))));
+    // The destination principal, when the connection is mutual TLS (built here: only the log needs it whole).
+    if let Some(id) = dst.and_then(identity).filter(|_| conn.hbone) {
+        fields.push(("dst.identity", Field::Str(Cow::Owned(id))));
     }
     fields.push((
         "direction",

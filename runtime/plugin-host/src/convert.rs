@@ -66,7 +66,6 @@ pub(crate) fn workload_meta(w: &WorkloadMeta) -> wit::WorkloadMeta {
 /// converted (and later lowered into every plugin) once per batch, however many of the batch's events name it;
 /// events refer to it by its index in `workloads`. Workloads are told apart by their `Arc`: the batch holds every
 /// record it converted, so no address is freed and reused while the index is alive.
-#[derive(Default)]
 pub(crate) struct EventBatch {
     pub records: Vec<ConnectionRecord>,
     pub workloads: Vec<wit::WorkloadMeta>,
