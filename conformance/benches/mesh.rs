@@ -4,7 +4,9 @@
 //! client and server with the capture skipped (a marked socket): the baseline. Client, servers and every proxy
 //! share the machine's cores.
 //!
-//! Pairs: `weft` (its default plugins, istio-authz and istio-telemetry), `weft-np` (`--default-plugins false`), and
+//! Pairs: `weft` (its default plugins, istio-authz and istio-telemetry), `weft-np` (`--default-plugins false`),
+//! `weft-base` when `WEFT_BASE_BIN` names another weft build (default plugins; before and after a change, in one
+//! run), and
 //! `ztunnel` when `ZTUNNEL_BIN` names a ztunnel binary built from its public source ([`weft_conformance::ztunnel`];
 //! without it the bench says why and runs the weft figures only: CI has no ztunnel and never needs one). Every
 //! pair stays up for the whole run (an idle pair's own background work lands on every measurement alike) and the
@@ -15,8 +17,8 @@
 //! Figures: one-flow bulk throughput; new connections/s (1 byte each way, the server closes first, as an HTTP
 //! server does for `Connection: close`); keep-alive 1-byte request latency p50/p99; a new connection's
 //! time to first byte p50/p99 (it includes the HBONE CONNECT round trip); the CPU both proxies of a pair spend per
-//! GiB and per connection (`/proc/<pid>/task/*/schedstat`); and, first, on fresh processes after one warm-up, idle
-//! RSS and RSS per connection while `BENCH_IDLE` idle connections are held open through each pair (the bench raises
+//! GiB and per connection (`/proc/<pid>/task/*/schedstat`); and, first, on fresh processes after one warm-up, the
+//! CPU an idle pair uses by itself (ms per second, over 2 s), idle RSS and RSS per connection while `BENCH_IDLE` idle connections are held open through each pair (the bench raises
 //! RLIMIT_NOFILE for itself, the servers and the proxies, which inherit it). Only ratios mean anything, and only
 //! on a quiet machine; nothing here asserts a time.
 //!
@@ -45,6 +47,8 @@ use weft_conformance::ztunnel::{ZtunnelMesh, ztunnel_binary};
 use weft_devmesh::netns::Netns;
 
 const SINK: u16 = 9000;
+/// How long an idle pair's own CPU use is measured for (the memory case).
+const IDLE_CPU_WINDOW: Duration = Duration::from_secs(2);
 const RR: u16 = 9001;
 const CLOSE: u16 = 9002;
 
@@ -432,7 +436,12 @@ fn wait_listening(ns: &Netns, addr: SocketAddr) {
 /// Start the pairs asked for: (what keeps them up, how to measure them, their servers).
 async fn start_pairs(log: &str) -> (Vec<Running>, Vec<Pair>, Vec<Servers>) {
     let (mut running, mut pairs, mut servers) = (Vec::new(), Vec::new(), Vec::new());
-    for (name, tag, subnet, plugins) in [("weft", "m", 9u8, true), ("weft-np", "n", 10, false)] {
+    let base = std::env::var_os("WEFT_BASE_BIN").map(std::path::PathBuf::from);
+    for (name, tag, subnet, plugins) in [
+        ("weft", "m", 9u8, true),
+        ("weft-np", "n", 10, false),
+        ("weft-base", "o", 12, true),
+    ] {
         if !wanted(name) {
             continue;
         }
@@ -441,6 +450,12 @@ async fn start_pairs(log: &str) -> (Vec<Running>, Vec<Pair>, Vec<Servers>) {
             Ipv4Addr::new(10, 248, subnet, 2),
         );
         let mut layout = Layout::new(c, s, 24);
+        if name == "weft-base" {
+            let Some(bin) = &base else {
+                continue;
+            };
+            layout.weft_bin = Some(bin.clone());
+        }
         if !plugins {
             layout.flags_a = vec!["--default-plugins".into(), "false".into()];
             layout.flags_b = layout.flags_a.clone();
@@ -503,6 +518,10 @@ fn memory(pairs: &[Pair], idle: usize) {
     );
     let mut per_conn = Vec::new();
     for p in pairs.iter().filter(|p| !p.bypass) {
+        // CPU an idle pair burns on its own (timers, tickers, housekeeping), over a short quiet window.
+        let (c0, t0) = (p.cpu(), Instant::now());
+        std::thread::sleep(IDLE_CPU_WINDOW);
+        let idle_cpu = (p.cpu() - c0) / 1e6 / t0.elapsed().as_secs_f64();
         let before = (rss_kib(p.pids.0), rss_kib(p.pids.1));
         let (ip, pids) = (p.server_ip, p.pids);
         let held = p.in_a(move || hold_idle(SocketAddr::from((ip, RR)), idle, pids));
@@ -510,7 +529,7 @@ fn memory(pairs: &[Pair], idle: usize) {
             |after: u64, before: u64| after.saturating_sub(before) as f64 * 1024.0 / idle as f64;
         let mib = |k: u64| k as f64 / 1024.0;
         println!(
-            "  {:8} idle RSS A {:6.1}  B {:6.1} | holding {idle}: A {:6.1}  B {:6.1} | per connection A {:6.0}  B {:6.0}",
+            "  {:9} idle CPU A+B {idle_cpu:5.2} ms/s | idle RSS A {:6.1}  B {:6.1} | holding {idle}: A {:6.1}  B {:6.1} | per connection A {:6.0}  B {:6.0}",
             p.name,
             mib(before.0),
             mib(before.1),
@@ -526,7 +545,7 @@ fn memory(pairs: &[Pair], idle: usize) {
         ));
     }
     let find = |n: &str| per_conn.iter().find(|(name, ..)| *name == n);
-    for w in ["weft", "weft-np"] {
+    for w in ["weft", "weft-np", "weft-base"] {
         if let (Some(w), Some(z)) = (find(w), find("ztunnel")) {
             println!(
                 "  {} / ztunnel: idle RSS (A+B) {:.2}   per idle connection (A+B) {:.2}",
@@ -542,7 +561,7 @@ fn memory(pairs: &[Pair], idle: usize) {
 fn report(pairs: &[Pair], results: &[Vec<Round>]) {
     let col = |i: usize, f: fn(&Round) -> f64| results[i].iter().map(f).collect::<Vec<_>>();
     println!(
-        "{:8} | {:20} | {:20} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16}",
+        "{:9} | {:20} | {:20} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16}",
         "pair",
         "bulk Gb/s",
         "new conn/s",
@@ -556,7 +575,7 @@ fn report(pairs: &[Pair], results: &[Vec<Round>]) {
     for (i, p) in pairs.iter().enumerate() {
         let failed: u64 = results[i].iter().map(|r| r.failed).sum();
         println!(
-            "{:8} | {:20} | {:20} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16}{}",
+            "{:9} | {:20} | {:20} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16}{}",
             p.name,
             fmt_stats(col(i, |r| r.gbps), 2),
             fmt_stats(col(i, |r| r.cps), 0),
@@ -587,7 +606,9 @@ fn report(pairs: &[Pair], results: &[Vec<Round>]) {
     for (a, b) in [
         ("weft", "ztunnel"),
         ("weft-np", "ztunnel"),
+        ("weft-base", "ztunnel"),
         ("weft", "weft-np"),
+        ("weft", "weft-base"),
         ("weft", "direct"),
         ("ztunnel", "direct"),
     ] {
@@ -595,7 +616,7 @@ fn report(pairs: &[Pair], results: &[Vec<Round>]) {
             continue;
         };
         println!(
-            "  {:18} bulk {}   conn/s {}   CPU/conn {}   RTT p50 {}   RTT p99 {}   1st byte p50 {}",
+            "  {:20} bulk {}   conn/s {}   CPU/conn {}   RTT p50 {}   RTT p99 {}   1st byte p50 {}",
             format!("{a} / {b}"),
             fmt_stats(ratio(i, j, |r| r.gbps), 3),
             fmt_stats(ratio(i, j, |r| r.cps), 3),

@@ -133,7 +133,15 @@ impl GatewayMesh {
         }
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let none: &[String] = &[];
-        let (a, b) = start_nodes((&ns_a, &ns_b), dir.path(), mesh_yaml, (none, none), log).await?;
+        let (a, b) = start_nodes(
+            (&ns_a, &ns_b),
+            dir.path(),
+            mesh_yaml,
+            (none, none),
+            log,
+            None,
+        )
+        .await?;
         Ok(Self {
             nets,
             ns_a,

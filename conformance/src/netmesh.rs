@@ -62,6 +62,9 @@ pub struct Layout {
     /// Also capture IPv6 (ip6tables rules like the IPv4 ones). weft's capture listeners then need IPv6 addresses:
     /// e.g. `--outbound [::]:15001` for node A, `--inbound-plaintext [::]:15006` for node B.
     pub capture_ipv6: bool,
+    /// The weft binary both nodes run (none: [`weft_devmesh::weft_binary`]); the bench runs a second build beside
+    /// the first with it.
+    pub weft_bin: Option<PathBuf>,
 }
 
 impl Layout {
@@ -76,6 +79,7 @@ impl Layout {
             flags_a: Vec::new(),
             flags_b: Vec::new(),
             capture_ipv6: false,
+            weft_bin: None,
         }
     }
 }
@@ -210,6 +214,7 @@ impl NetMesh {
             mesh_yaml,
             (&layout.flags_a, &layout.flags_b),
             log,
+            layout.weft_bin.as_deref(),
         )
         .await?;
         Ok(Self {
@@ -292,19 +297,24 @@ pub fn capture_inbound(ns: &Netns, dev: &str, ipv6: bool) -> Result<(), String> 
 
 /// Write a dev CA and `mesh_yaml` (as `mesh.yaml`) into `dir`, start node A (client side: capture listener, no
 /// plaintext inbound) in `ns.0` and node B (server side: no capture listener) in `ns.1`, each with HBONE on
-/// `0.0.0.0:15008`, the [`MARK`] and `flags` after the standard ones, and wait until both are ready.
+/// `0.0.0.0:15008`, the [`MARK`] and `flags` after the standard ones, and wait until both are ready. Both run
+/// `weft` (none: [`weft_devmesh::weft_binary`]).
 pub async fn start_nodes(
     ns: (&Netns, &Netns),
     dir: &Path,
     mesh_yaml: &str,
     flags: (&[String], &[String]),
     log: &str,
+    weft: Option<&Path>,
 ) -> Result<(NodeProcess, NodeProcess), String> {
     let ca = dir.join("ca");
     weft_devmesh::write_dev_ca(&ca, "cluster.local").map_err(|e| e.to_string())?;
     let config = dir.join("mesh.yaml");
     std::fs::write(&config, mesh_yaml).map_err(|e| e.to_string())?;
-    let weft = weft_devmesh::weft_binary()?;
+    let weft = match weft {
+        Some(w) => w.to_path_buf(),
+        None => weft_devmesh::weft_binary()?,
+    };
     let mark = format!("{MARK:#x}");
     let common = [
         "--mark",

@@ -1,4 +1,4 @@
-//! The one wasmtime `Engine` (pooling allocator, epoch interruption), its epoch ticker thread, and the compile
+//! The one wasmtime `Engine` (pooling allocator, epoch interruption; its ticker is [`crate::epoch`]) and the compile
 //! cache: components compiled once per content hash, kept in memory and (optionally) on disk.
 //!
 //! Loading a compiled artifact runs its machine code, so nothing on disk is trusted for what its name says:
@@ -16,8 +16,8 @@ use std::hash::{Hash, Hasher};
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use hmac::{Hmac, Mac};
@@ -59,34 +59,6 @@ pub(crate) fn build_engine(cfg: &HostConfig) -> Result<Engine, String> {
     let mut config = cfg.engine_settings().config();
     config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     Engine::new(&config).map_err(|e| format!("cannot create the wasm engine: {e:#}"))
-}
-
-/// Increments the engine's epoch every tick until stopped.
-#[derive(Debug)]
-pub(crate) struct Ticker {
-    stop: Arc<AtomicBool>,
-}
-
-impl Ticker {
-    pub fn start(engine: Engine, tick: std::time::Duration) -> std::io::Result<Self> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        std::thread::Builder::new()
-            .name("weft-plugin-epoch".into())
-            .spawn(move || {
-                while !flag.load(Ordering::Relaxed) {
-                    std::thread::sleep(tick);
-                    engine.increment_epoch();
-                }
-            })?;
-        Ok(Self { stop })
-    }
-}
-
-impl Drop for Ticker {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
 }
 
 /// Hex sha256 of some bytes.

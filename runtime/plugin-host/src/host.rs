@@ -11,7 +11,8 @@ use weft_state::PluginSpec;
 
 use crate::chain::Chain;
 use crate::config::HostConfig;
-use crate::engine::{CompileCache, Ticker, build_engine};
+use crate::engine::{CompileCache, build_engine};
+use crate::epoch::Ticker;
 use crate::host_metrics::HostMetrics;
 use crate::instance::Limits;
 use crate::plugin::{PluginVersion, PolicyState};
@@ -90,6 +91,17 @@ impl std::fmt::Debug for PluginHost {
     }
 }
 
+/// What [`PluginHost::epoch_ticker`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EpochTickerStatus {
+    /// Epoch increments so far.
+    pub ticks: u64,
+    /// How many times the ticker parked for want of calls.
+    pub parks: u64,
+    /// Whether it is parked now.
+    pub parked: bool,
+}
+
 impl PluginHost {
     /// Creates the engine, the epoch ticker and the telemetry thread. No plugin is loaded until [`Self::apply`].
     pub fn new(config: HostConfig) -> Result<Self, HostError> {
@@ -100,6 +112,7 @@ impl PluginHost {
             call_deadline: config.call_deadline,
             configure_deadline: config.configure_deadline,
             tick: config.epoch_tick,
+            clock: ticker.clock(),
             max_reason_len: config.max_reason_len,
         };
         let metrics = HostMetrics::default();
@@ -197,6 +210,16 @@ impl PluginHost {
     /// disappear with the plugins; nothing needs re-registering after `apply`.
     pub fn register_metrics(&self, registry: &mut Registry) {
         self.shared.metrics.register(registry, &self.shared.hub);
+    }
+
+    /// The epoch ticker's state: it ticks only while guest calls run and parks when they stop (tests, debugging).
+    pub fn epoch_ticker(&self) -> EpochTickerStatus {
+        let clock = &self.shared.limits.clock;
+        EpochTickerStatus {
+            ticks: clock.ticks(),
+            parks: clock.parks(),
+            parked: clock.is_parked(),
+        }
     }
 
     /// The same metrics as Prometheus/OpenMetrics text (tests, debugging).

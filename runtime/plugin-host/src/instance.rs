@@ -9,6 +9,7 @@ use wasmtime::{Engine, Store, Trap};
 
 use crate::bindings::types as wit;
 use crate::bindings::{WorkloadRes, policy, telemetry};
+use crate::epoch::EpochClock;
 use crate::error::{CallError, ErrorKind, LoadError};
 use crate::store::{PluginCtx, StoreData};
 
@@ -24,13 +25,15 @@ enum Exports {
     Telemetry(telemetry::TelemetrySink),
 }
 
-/// The limits applied to every instance.
-#[derive(Debug, Clone, Copy)]
+/// The limits applied to every instance, and the epoch clock its calls are timed by.
+#[derive(Debug, Clone)]
 pub(crate) struct Limits {
     pub memory: usize,
     pub call_deadline: Duration,
     pub configure_deadline: Duration,
     pub tick: Duration,
+    /// Every guest call enters it, so the lazy ticker ticks while the call runs.
+    pub clock: EpochClock,
     pub max_reason_len: usize,
 }
 
@@ -219,16 +222,21 @@ impl Instance {
         store.limiter(|d| &mut d.limiter);
         store.set_hostcall_fuel(MAX_GUEST_TRANSFER);
         store.epoch_deadline_callback(crate::budget::on_deadline);
-        let ticks = store.data_mut().budget.start(limits.configure_deadline);
-        store.set_epoch_deadline(ticks);
         let inst_err = |e: wasmtime::Error| CallError {
             kind: ErrorKind::Instantiate,
             message: format!("{e:#}"),
         };
-        let exports = match pre {
-            Pre::Policy(p) => Exports::Policy(p.instantiate(&mut store).map_err(inst_err)?),
-            Pre::Telemetry(p) => Exports::Telemetry(p.instantiate(&mut store).map_err(inst_err)?),
-        };
+        // Instantiation runs the component's start code: timed like a `configure`.
+        let exports = timed(
+            &mut store,
+            &limits.clock,
+            limits.configure_deadline,
+            |store| match pre {
+                Pre::Policy(p) => p.instantiate(store).map(Exports::Policy),
+                Pre::Telemetry(p) => p.instantiate(store).map(Exports::Telemetry),
+            },
+        )
+        .map_err(inst_err)?;
         ctx.counters.instances.inc();
         Ok(Self {
             store,
@@ -243,16 +251,19 @@ impl Instance {
         &mut self,
         config: &str,
     ) -> Result<Result<wit::StateKinds, String>, CallError> {
-        start_budget(&mut self.store, self.limits.configure_deadline);
-        let r = match &self.exports {
-            Exports::Policy(p) => p
-                .weft_plugin_policy()
-                .call_configure(&mut self.store, config),
-            Exports::Telemetry(t) => t
-                .weft_plugin_telemetry()
-                .call_configure(&mut self.store, config)
-                .map(|r| r.map(|()| wit::StateKinds::empty())),
-        };
+        let (exports, limits) = (&self.exports, &self.limits);
+        let r = timed(
+            &mut self.store,
+            &limits.clock,
+            limits.configure_deadline,
+            |store| match exports {
+                Exports::Policy(p) => p.weft_plugin_policy().call_configure(store, config),
+                Exports::Telemetry(t) => t
+                    .weft_plugin_telemetry()
+                    .call_configure(store, config)
+                    .map(|r| r.map(|()| wit::StateKinds::empty())),
+            },
+        );
         r.map_err(|e| classify(e, &self.store))
     }
 
@@ -261,14 +272,17 @@ impl Instance {
         &mut self,
         update: &wit::StateUpdate,
     ) -> Result<Result<(), String>, CallError> {
-        start_budget(&mut self.store, self.limits.configure_deadline);
-        match &self.exports {
-            Exports::Policy(p) => p
-                .weft_plugin_policy()
-                .call_update_state(&mut self.store, update)
-                .map_err(|e| classify(e, &self.store)),
-            Exports::Telemetry(_) => Ok(Ok(())),
-        }
+        let Exports::Policy(p) = &self.exports else {
+            return Ok(Ok(()));
+        };
+        let limits = &self.limits;
+        timed(
+            &mut self.store,
+            &limits.clock,
+            limits.configure_deadline,
+            |store| p.weft_plugin_policy().call_update_state(store, update),
+        )
+        .map_err(|e| classify(e, &self.store))
     }
 
     /// `authorize`. An oversized deny reason is a failure (`bad_output`).
@@ -297,10 +311,16 @@ impl Instance {
             src.map(Resource::<WorkloadRes>::new_borrow),
             dst.map(Resource::<WorkloadRes>::new_borrow),
         );
-        start_budget(&mut self.store, self.limits.call_deadline);
-        let r = p
-            .weft_plugin_policy()
-            .call_authorize(&mut self.store, &wit_conn, src, dst);
+        let limits = &self.limits;
+        let r = timed(
+            &mut self.store,
+            &limits.clock,
+            limits.call_deadline,
+            |store| {
+                p.weft_plugin_policy()
+                    .call_authorize(store, &wit_conn, src, dst)
+            },
+        );
         let decision = r.map_err(|e| classify(e, &self.store))?;
         if let wit::Decision::Deny(reason) = &decision
             && reason.len() > self.limits.max_reason_len
@@ -326,16 +346,34 @@ impl Instance {
         let Exports::Telemetry(t) = &self.exports else {
             return Ok(());
         };
-        start_budget(&mut self.store, self.limits.call_deadline);
-        t.weft_plugin_telemetry()
-            .call_on_events(&mut self.store, workloads, events)
-            .map_err(|e| classify(e, &self.store))
+        let limits = &self.limits;
+        timed(
+            &mut self.store,
+            &limits.clock,
+            limits.call_deadline,
+            |store| {
+                t.weft_plugin_telemetry()
+                    .call_on_events(store, workloads, events)
+            },
+        )
+        .map_err(|e| classify(e, &self.store))
     }
 }
 
-fn start_budget(store: &mut Store<StoreData>, budget: Duration) {
+/// Runs one guest call under `budget`: the store's deadline is set from it, and the call is counted on `clock`
+/// while it runs so the epoch ticker ticks (and can interrupt it).
+fn timed<R>(
+    store: &mut Store<StoreData>,
+    clock: &EpochClock,
+    budget: Duration,
+    call: impl FnOnce(&mut Store<StoreData>) -> R,
+) -> R {
     let ticks = store.data_mut().budget.start(budget);
     store.set_epoch_deadline(ticks);
+    clock.enter();
+    let r = call(store);
+    clock.exit();
+    r
 }
 
 #[cfg(test)]

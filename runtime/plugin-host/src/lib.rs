@@ -10,7 +10,7 @@
 //! Sandbox: a locked-down WASI (no filesystem, sockets, environment or arguments; stdout/stderr go to the
 //! rate-limited log; random bytes from the OS CSPRNG, at most 64 KiB a call; any other import is rejected at load),
 //! a memory cap per instance (growing past it traps), a wasm stack cap, a deadline per call (epoch interruption,
-//! ticker thread), a cap on every guest-to-host copy (hostcall fuel), pooled instance slots. A call never creates
+//! a ticker thread that ticks only while calls run), a cap on every guest-to-host copy (hostcall fuel), pooled instance slots. A call never creates
 //! an instance: each plugin version has a shared idle pool refilled by its own background thread, and a call that
 //! finds none idle fails at once (`no_instance`). A call that traps or times out throws its instance away and
 //! applies the plugin's failure policy (policy: fail closed unless configured fail-open; telemetry: the batch is
@@ -29,6 +29,7 @@ mod compiler;
 mod config;
 mod convert;
 mod engine;
+mod epoch;
 mod error;
 mod host;
 mod host_metrics;
@@ -52,7 +53,7 @@ pub use compiler::{
 pub use config::HostConfig;
 pub use engine::sha256_hex;
 pub use error::{CallError, ErrorKind, LoadError};
-pub use host::{AppliedVersion, HostError, PluginHost};
+pub use host::{AppliedVersion, EpochTickerStatus, HostError, PluginHost};
 pub use plugin_metrics::MetricsHub;
 pub use rollout::{Clock, ManualClock, RollbackEvent, SystemClock, default_rollout};
 pub use status::PluginStatus;

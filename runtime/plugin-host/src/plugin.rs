@@ -145,7 +145,7 @@ impl PluginVersion {
             shared: shared.clone(),
             pre: pre.clone(),
             ctx: ctx.clone(),
-            limits: shared.limits,
+            limits: shared.limits.clone(),
             config: spec.config.clone(),
             state: None,
         };
@@ -177,7 +177,7 @@ impl PluginVersion {
             state,
             ctx,
             pre,
-            limits: shared.limits,
+            limits: shared.limits.clone(),
             shared: shared.clone(),
             pool,
             warn_limiter: LogLimiter::new(5),
@@ -191,7 +191,7 @@ impl PluginVersion {
             shared: self.shared.clone(),
             pre: self.pre.clone(),
             ctx: self.ctx.clone(),
-            limits: self.limits,
+            limits: self.limits.clone(),
             config: self.spec.config.clone(),
             state: self.state.clone(),
         }

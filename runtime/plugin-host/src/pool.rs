@@ -46,7 +46,7 @@ impl Factory {
             &self.shared.engine,
             &self.pre,
             self.ctx.clone(),
-            self.limits,
+            self.limits.clone(),
         )
         .map_err(|e| LoadError::Instantiate(e.message))?;
         match inst.configure(&self.config) {

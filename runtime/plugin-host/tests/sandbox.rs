@@ -117,6 +117,44 @@ fn endless_loop_times_out() {
     contained("loop", "timeout");
 }
 
+/// The epoch ticker parks when no call runs; a call that then loops forever wakes it and is still stopped at its
+/// deadline (a ticker that stayed parked would let it spin for ever: the call runs on its own thread, so that fails
+/// the test instead of hanging it).
+#[test]
+fn endless_loop_times_out_after_the_idle_ticker_parked() {
+    let host = Arc::new(load(
+        "loop",
+        FailurePolicy::FailClosed,
+        &HostConfig::default(),
+    ));
+    let parked = eventually("the idle epoch ticker to park", || {
+        let t = host.epoch_ticker();
+        t.parked.then_some(t)
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    let caller = host.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(caller.authorize(&conn(666, Some(PEER))));
+    });
+    let v = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the looping call was never interrupted: the parked ticker did not wake for it");
+    assert!(
+        matches!(&v, Verdict::Deny { reason, .. } if reason.contains("timeout")),
+        "{v:?}"
+    );
+    let after = host.epoch_ticker();
+    assert!(
+        after.ticks > parked.ticks,
+        "the ticker did not tick for the call: {parked:?} -> {after:?}"
+    );
+    assert_eq!(errors(&host, "bad", "timeout"), 1);
+    // With no call left, it parks again.
+    eventually("the ticker to park again", || {
+        (host.epoch_ticker().parks > parked.parks).then_some(())
+    });
+}
+
 /// With a generous deadline the bomb reaches the memory cap and traps there.
 #[test]
 fn memory_bomb_hits_the_cap() {
