@@ -59,6 +59,9 @@ pub struct WorkloadMeta {
     pub labels: Vec<(String, String)>,
     /// Names (`namespace/name`) of WORKLOAD_SELECTOR authorization policies that select this workload.
     pub authorization_policies: Vec<String>,
+    /// Its SPIFFE identity as [`Self::spiffe_id`] writes it, formed once when the state builds the metadata, so a
+    /// connection's record shares it instead of formatting its own (empty where a test built the metadata by hand).
+    pub identity: Arc<str>,
 }
 
 impl WorkloadMeta {
@@ -83,8 +86,8 @@ pub struct ConnectionRecord {
     /// Destination socket address (the original destination: workload `ip:port`).
     pub dst: SocketAddr,
     /// The peer's verified SPIFFE identity (inbound HBONE), or the source workload's own identity (outbound).
-    /// `None` for inbound plaintext.
-    pub peer_identity: Option<String>,
+    /// `None` for inbound plaintext. Shared: one allocation per HBONE connection or per workload, not per stream.
+    pub peer_identity: Option<Arc<str>>,
     /// Source workload, when known.
     pub src_workload: Option<Arc<WorkloadMeta>>,
     /// Destination workload, when known.

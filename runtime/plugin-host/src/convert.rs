@@ -37,7 +37,7 @@ pub(crate) fn connection(c: &ConnectionRecord) -> wit::Connection {
         },
         source: socket(c.src),
         destination: socket(c.dst),
-        peer_identity: c.peer_identity.clone(),
+        peer_identity: c.peer_identity.as_deref().map(str::to_owned),
         destination_service: c.dst_service.clone(),
         hbone: c.hbone,
     }

@@ -206,7 +206,7 @@ pub fn conn(port: u16, peer: Option<&str>) -> ConnectionRecord {
         direction: Direction::Inbound,
         src: SocketAddr::from(([10, 0, 0, 1], 40000)),
         dst: SocketAddr::from(([10, 0, 0, 2], port)),
-        peer_identity: peer.map(str::to_string),
+        peer_identity: peer.map(Arc::from),
         src_workload: Some(workload("client", "shop", "frontend")),
         dst_workload: Some(workload("server", "shop", "backend")),
         dst_service: Some("shop/server.shop.svc.cluster.local".to_string()),

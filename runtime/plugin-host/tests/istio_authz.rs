@@ -127,7 +127,7 @@ fn load_cases(path: &Path) -> Vec<Case> {
             src: SocketAddr::new(raw.src, 40000),
             dst: raw.dst,
             hbone: raw.identity.is_some(),
-            peer_identity: raw.identity,
+            peer_identity: raw.identity.map(Into::into),
             dst_workload,
             src_workload: None,
             dst_service: None,

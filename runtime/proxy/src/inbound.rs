@@ -103,7 +103,7 @@ impl Inner {
         tracing::debug!("HBONE connection accepted");
         drop(_e);
         let me = self.clone();
-        let peer_id = Arc::new(peer_id.to_string());
+        let peer_id: Arc<str> = Arc::from(peer_id.to_string());
         let served =
             weft_hbone::serve_connection(tls, &self.cfg.h2, self.drain.child_token(), move |req| {
                 // Each stream is counted from its dispatch (this runs before its task is spawned), so a drain
@@ -135,7 +135,8 @@ impl Inner {
         local: SocketAddr,
         served_id: &SpiffeId,
     ) -> Option<(Arc<Workload>, SocketAddr)> {
-        let served = |w: &Arc<Workload>| self.is_local(w) && w.spiffe_id() == served_id.to_string();
+        let served_id = served_id.to_string();
+        let served = |w: &Arc<Workload>| self.is_local(w) && w.has_identity(&served_id);
         if dst.ip() != local.ip()
             && let Some(w) = state.workload_by_ip(local.ip()).filter(|w| served(w))
             && (w.application_tunnel.is_some() || state.is_waypoint_for(dst.ip(), w))
@@ -154,7 +155,7 @@ impl Inner {
         peer: SocketAddr,
         local: SocketAddr,
         served_id: SpiffeId,
-        peer_id: Arc<String>,
+        peer_id: Arc<str>,
     ) {
         // Setting up (routing, policy, dialling the workload) is boxed: its state is on the heap only while it runs,
         // so an established connection's task holds the relay's state and nothing of its setup (nor the state
@@ -172,7 +173,7 @@ impl Inner {
         peer: SocketAddr,
         local: SocketAddr,
         served_id: SpiffeId,
-        peer_id: Arc<String>,
+        peer_id: Arc<str>,
     ) -> Option<InboundSetup> {
         let reject = |req: InboundRequest,
                       status: StatusCode,
@@ -241,7 +242,7 @@ impl Inner {
             .is_some_and(|n| !n.eq_ignore_ascii_case(&dst_wl.network));
         let src_wl = state
             .workload_by_ip(src.ip())
-            .filter(|w| !other_network && w.spiffe_id() == *peer_id)
+            .filter(|w| !other_network && w.has_identity(&peer_id))
             .map(|w| w.meta.clone());
         // An application tunnel may move the port (and, in-pod, the address) the application is dialled on; as in
         // ztunnel, policy and telemetry see the workload's address with the port actually dialled.
@@ -251,7 +252,7 @@ impl Inner {
             direction: Direction::Inbound,
             src,
             dst: tunnel.policy_dst,
-            peer_identity: Some(peer_id.to_string()),
+            peer_identity: Some(peer_id.clone()),
             src_workload: src_wl,
             dst_workload: Some(dst_wl.meta.clone()),
             // The service the client targeted, from `forwarded: ...;host=`, if this workload backs it. The peer
@@ -291,7 +292,7 @@ impl Inner {
         };
         if tunnel.proxy_protocol {
             // The original client and the CONNECT authority, and the verified peer identity, before any byte.
-            let header = crate::proxy_protocol::v2_header(src, dst, Some(peer_id.as_str()));
+            let header = crate::proxy_protocol::v2_header(src, dst, Some(&*peer_id));
             if let Err(e) = upstream.write_all(&header).await {
                 let error = format!("writing the PROXY header to {}: {e}", tunnel.connect);
                 self.failed(

@@ -220,7 +220,7 @@ impl Inner {
             direction: Direction::Outbound,
             src,
             dst,
-            peer_identity: src_wl.as_ref().map(|w| w.spiffe_id()),
+            peer_identity: src_wl.as_ref().map(|w| w.meta.identity.clone()),
             src_workload: src_wl.as_ref().map(|w| w.meta.clone()),
             dst_workload: None,
             dst_service: None,

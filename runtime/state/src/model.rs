@@ -123,8 +123,20 @@ impl Workload {
             zone: self.locality.zone.clone(),
             labels,
             authorization_policies: self.authorization_policies.clone(),
+            identity: Arc::from(self.spiffe_id()),
         });
         self
+    }
+
+    /// Whether `id` is this workload's SPIFFE identity: the same answer as `self.spiffe_id() == id`, compared in
+    /// place (the data path asks per connection; no string is built).
+    pub fn has_identity(&self, id: &str) -> bool {
+        id.strip_prefix("spiffe://")
+            .and_then(|r| r.strip_prefix(self.trust_domain.as_str()))
+            .and_then(|r| r.strip_prefix("/ns/"))
+            .and_then(|r| r.strip_prefix(self.namespace.as_str()))
+            .and_then(|r| r.strip_prefix("/sa/"))
+            == Some(self.service_account.as_str())
     }
 
     /// `spiffe://<td>/ns/<ns>/sa/<sa>`.

@@ -154,3 +154,32 @@ fn xds_refuses_the_same_values_with_the_same_words() {
     assert_eq!(p.to_string(), format!("name: {}", p.reason));
     assert!(p.reason.contains("invalid policy name \"Deny\""), "{p}");
 }
+
+/// `has_identity` (compared in place on the data path) gives exactly the answer of comparing with `spiffe_id()`, and
+/// the metadata a connection record shares carries the same string.
+#[test]
+fn identity_is_matched_in_place_as_it_is_formatted() {
+    let text = "workloads:\n- uid: a\n  name: a\n  namespace: shop\n  serviceAccount: cart\n  \
+                trustDomain: corp.example\n  workloadIps: [10.0.0.1]\n";
+    let state = weft_state::local::parse(text, Path::new("/"))
+        .unwrap()
+        .into_state(1);
+    let w = state.workload_by_ip("10.0.0.1".parse().unwrap()).unwrap();
+    let id = w.spiffe_id();
+    assert_eq!(id, "spiffe://corp.example/ns/shop/sa/cart");
+    assert_eq!(&*w.meta.identity, id.as_str());
+    for other in [
+        id.as_str(),
+        "spiffe://corp.example/ns/shop/sa/cart2",
+        "spiffe://corp.example/ns/shop/sa/car",
+        "spiffe://corp.example/ns/shopx/sa/cart",
+        "spiffe://corp.exampl/ns/shop/sa/cart",
+        "spiffe://cluster.local/ns/shop/sa/cart",
+        "spiffe://corp.example/ns/shop/sa/",
+        "corp.example/ns/shop/sa/cart",
+        "spiffe://corp.example/sa/shop/ns/cart",
+        "",
+    ] {
+        assert_eq!(w.has_identity(other), id == other, "{other:?}");
+    }
+}
