@@ -18,9 +18,10 @@
 //! server does for `Connection: close`); keep-alive 1-byte request latency p50/p99; a new connection's
 //! time to first byte p50/p99 (it includes the HBONE CONNECT round trip); the CPU both proxies of a pair spend per
 //! GiB and per connection (`/proc/<pid>/task/*/schedstat`); and, first, on fresh processes after one warm-up, the
-//! CPU an idle pair uses by itself (ms per second, over 2 s), idle RSS and RSS per connection while `BENCH_IDLE` idle connections are held open through each pair (the bench raises
-//! RLIMIT_NOFILE for itself, the servers and the proxies, which inherit it). Only ratios mean anything, and only
-//! on a quiet machine; nothing here asserts a time.
+//! CPU an idle pair uses by itself (ms per second, over 2 s), idle RSS (and its anonymous part, the process's own
+//! memory) and RSS per connection while `BENCH_IDLE` idle connections are held open through each pair (the bench
+//! raises RLIMIT_NOFILE for itself, the servers and the proxies, which inherit it). Only ratios mean anything, and
+//! only on a quiet machine; nothing here asserts a time.
 //!
 //! Run for figures (root, release builds; ztunnel's certificates come from `weft-ca`, found next to `weft`):
 //!   cargo build --release --workspace --bins
@@ -244,11 +245,22 @@ async fn hold_idle(dst: SocketAddr, n: usize, pids: (Option<u32>, Option<u32>)) 
 
 /// VmRSS of `pid` in KiB (0 if unknown).
 fn rss_kib(pid: Option<u32>) -> u64 {
+    status_kib(pid, "VmRSS:")
+}
+
+/// RssAnon of `pid` in KiB (0 if unknown): the process's private memory, without the pages of its binary and
+/// libraries that it has mapped from the page cache (how many of those count in VmRSS depends on the kernel's
+/// fault-around and on what the page cache holds, so the total moves by a megabyte between runs of one binary).
+fn anon_kib(pid: Option<u32>) -> u64 {
+    status_kib(pid, "RssAnon:")
+}
+
+fn status_kib(pid: Option<u32>, field: &str) -> u64 {
     let Some(pid) = pid else { return 0 };
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
 }
@@ -523,16 +535,19 @@ fn memory(pairs: &[Pair], idle: usize) {
         std::thread::sleep(IDLE_CPU_WINDOW);
         let idle_cpu = (p.cpu() - c0) / 1e6 / t0.elapsed().as_secs_f64();
         let before = (rss_kib(p.pids.0), rss_kib(p.pids.1));
+        let anon = (anon_kib(p.pids.0), anon_kib(p.pids.1));
         let (ip, pids) = (p.server_ip, p.pids);
         let held = p.in_a(move || hold_idle(SocketAddr::from((ip, RR)), idle, pids));
         let per =
             |after: u64, before: u64| after.saturating_sub(before) as f64 * 1024.0 / idle as f64;
         let mib = |k: u64| k as f64 / 1024.0;
         println!(
-            "  {:9} idle CPU A+B {idle_cpu:5.2} ms/s | idle RSS A {:6.1}  B {:6.1} | holding {idle}: A {:6.1}  B {:6.1} | per connection A {:6.0}  B {:6.0}",
+            "  {:9} idle CPU A+B {idle_cpu:5.2} ms/s | idle RSS A {:6.1}  B {:6.1} (anon A {:5.1}  B {:5.1}) | holding {idle}: A {:6.1}  B {:6.1} | per connection A {:6.0}  B {:6.0}",
             p.name,
             mib(before.0),
             mib(before.1),
+            mib(anon.0),
+            mib(anon.1),
             mib(held.0),
             mib(held.1),
             per(held.0, before.0),
@@ -542,15 +557,17 @@ fn memory(pairs: &[Pair], idle: usize) {
             p.name,
             before.0 + before.1,
             per(held.0, before.0) + per(held.1, before.1),
+            anon.0 + anon.1,
         ));
     }
     let find = |n: &str| per_conn.iter().find(|(name, ..)| *name == n);
     for w in ["weft", "weft-np", "weft-base"] {
         if let (Some(w), Some(z)) = (find(w), find("ztunnel")) {
             println!(
-                "  {} / ztunnel: idle RSS (A+B) {:.2}   per idle connection (A+B) {:.2}",
+                "  {} / ztunnel: idle RSS (A+B) {:.2} (anon {:.2})   per idle connection (A+B) {:.2}",
                 w.0,
                 w.1 as f64 / z.1 as f64,
+                w.3 as f64 / z.3 as f64,
                 w.2 / z.2
             );
         }

@@ -27,6 +27,7 @@ fn the_binary_runs_on_jemalloc_with_its_options_in_effect() {
         "opt.dirty_decay_ms: 1000",
         "opt.muzzy_decay_ms: 0",
         "opt.thp: \"never\"",
+        "opt.percpu_arena: \"percpu\"",
     ] {
         assert!(
             stderr.contains(want),
