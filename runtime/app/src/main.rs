@@ -15,8 +15,9 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// (`percpu_arena`), not jemalloc's default of four per CPU handed out per thread: weft's dozen threads otherwise
 /// spread their small allocations over eight arenas on two cores, each keeping partly used slabs and its own
 /// background purge (0.5 MB of idle RSS on this machine), and a data thread allocates from the arena of the CPU it
-/// runs on. `tests/allocator.rs` checks they are in effect. (A C `const char *malloc_conf`: a slice's first word is
-/// its pointer.)
+/// runs on (where the CPUs the process may use are not all the machine's, a restricted cpuset, jemalloc says
+/// "Number of CPUs detected is not deterministic" on stderr and keeps its default arenas). `tests/allocator.rs`
+/// checks they are in effect. (A C `const char *malloc_conf`: a slice's first word is its pointer.)
 #[allow(unsafe_code)] // `export_name`: jemalloc looks this symbol up by name
 #[unsafe(export_name = "_rjem_malloc_conf")]
 pub static MALLOC_CONF: &[u8] =
