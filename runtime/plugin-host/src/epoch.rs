@@ -12,6 +12,13 @@
 //! A parked ticker leaves the epoch where it was. A call's deadline is a number of ticks from the epoch at its
 //! start ([`crate::budget::ticks`], rounded up plus one), and the first tick after an unpark comes a whole tick
 //! later, so parking never shortens a budget.
+//!
+//! Before it parks, a ticker that finds no call in progress slows down: each such tick doubles the wait to the
+//! next, up to [`SLOWEST_TICK_FACTOR`] ticks, and a tick that finds a call goes back to the configured tick at
+//! once. Under load, calls of a microsecond are almost never in progress when the ticker looks, so it wakes a
+//! quarter as often. Ticks that come later only lengthen a budget: a call that starts during a slow wait is
+//! seen at the next tick, from which the ticker ticks at full rate, so a runaway call is interrupted at most
+//! `SLOWEST_TICK_FACTOR - 1` ticks later than with a steady ticker (3 ms with the default 1 ms tick).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -22,6 +29,8 @@ use wasmtime::Engine;
 
 /// Consecutive ticks that found no call in progress before the ticker parks.
 pub(crate) const IDLE_TICKS_BEFORE_PARK: u32 = 16;
+/// The longest wait between two ticks, in configured ticks, reached while the ticker finds no call in progress.
+pub(crate) const SLOWEST_TICK_FACTOR: u32 = 4;
 /// Counter shards; threads are spread over them round-robin.
 const SHARDS: usize = 8;
 
@@ -42,6 +51,8 @@ struct State {
     ticks: AtomicU64,
     /// How many times the ticker parked (for status and tests).
     parks: AtomicU64,
+    /// The wait before the next tick, in nanoseconds (for status and tests; kept while parked).
+    interval_ns: AtomicU64,
     /// The ticker thread, to unpark it.
     thread: std::sync::OnceLock<Thread>,
 }
@@ -98,6 +109,12 @@ impl EpochClock {
     pub fn is_parked(&self) -> bool {
         self.0.parked.load(Ordering::SeqCst)
     }
+
+    /// The ticker's current wait between ticks: the configured tick while calls are seen, up to
+    /// [`SLOWEST_TICK_FACTOR`] times it while none are.
+    pub fn interval(&self) -> Duration {
+        Duration::from_nanos(self.0.interval_ns.load(Ordering::SeqCst))
+    }
 }
 
 /// The ticker thread; dropping it ends the thread.
@@ -137,14 +154,35 @@ impl Drop for Ticker {
     }
 }
 
+/// The wait before the next tick: back to `tick` when a call was seen, else twice the last, at most
+/// [`SLOWEST_TICK_FACTOR`] ticks.
+fn next_interval(last: Duration, saw_call: bool, tick: Duration) -> Duration {
+    if saw_call {
+        tick
+    } else {
+        last.saturating_mul(2)
+            .min(tick * SLOWEST_TICK_FACTOR)
+            .max(tick)
+    }
+}
+
 fn run(st: &State, engine: &Engine, tick: Duration) {
     let mut idle = 0u32;
+    let mut interval = tick;
+    let publish = |d: Duration| {
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        st.interval_ns.store(ns, Ordering::SeqCst);
+    };
+    publish(interval);
     while !st.stop.load(Ordering::SeqCst) {
-        if st.calls_in_progress() == 0 {
-            idle += 1;
-        } else {
+        let saw_call = st.calls_in_progress() != 0;
+        if saw_call {
             idle = 0;
+        } else {
+            idle += 1;
         }
+        interval = next_interval(interval, saw_call, tick);
+        publish(interval);
         if idle >= IDLE_TICKS_BEFORE_PARK {
             st.parked.store(true, Ordering::SeqCst);
             if st.calls_in_progress() == 0 {
@@ -156,9 +194,12 @@ fn run(st: &State, engine: &Engine, tick: Duration) {
             }
             st.parked.store(false, Ordering::SeqCst);
             idle = 0;
+            // Woken by a call: tick at full rate until the ticker sees none again.
+            interval = tick;
+            publish(interval);
             continue;
         }
-        std::thread::sleep(tick);
+        std::thread::sleep(interval);
         engine.increment_epoch();
         st.ticks.fetch_add(1, Ordering::SeqCst);
     }
@@ -182,7 +223,8 @@ mod tests {
 
     #[test]
     fn the_ticker_parks_when_idle_ticks_while_a_call_runs_and_parks_again_after() {
-        let ticker = Ticker::start(Engine::default(), Duration::from_millis(1)).unwrap();
+        let tick = Duration::from_millis(1);
+        let ticker = Ticker::start(Engine::default(), tick).unwrap();
         let clock = ticker.clock();
         eventually("the idle ticker parks", || clock.parks() == 1);
         let parked_at = clock.ticks();
@@ -191,18 +233,37 @@ mod tests {
             "{parked_at}"
         );
 
-        // A call from another thread wakes it; it ticks for as long as the call runs, however long that is.
+        // It slowed down before parking: the ticks before it found no call.
+        assert_eq!(clock.interval(), tick * SLOWEST_TICK_FACTOR);
+
+        // A call from another thread wakes it; it ticks for as long as the call runs, however long that is, at
+        // the full rate.
         let caller = clock.clone();
         std::thread::spawn(move || caller.enter()).join().unwrap();
         eventually("the ticker ticks for the call", || {
             clock.ticks() >= parked_at + 3 * u64::from(IDLE_TICKS_BEFORE_PARK)
         });
         assert_eq!(clock.parks(), 1, "parked while a call was in progress");
+        assert_eq!(clock.interval(), tick, "slow ticks while a call runs");
 
         // The call ends (on another thread than it started: only the sum counts); the ticker parks again.
         clock.exit();
         eventually("the ticker parks after the call", || clock.parks() == 2);
         assert!(clock.is_parked());
+    }
+
+    #[test]
+    fn the_wait_doubles_while_no_call_is_seen_and_drops_back_at_once_when_one_is() {
+        let tick = Duration::from_millis(1);
+        let mut waits = Vec::new();
+        let mut d = tick;
+        for saw_call in [false, false, false, false, true, false] {
+            d = next_interval(d, saw_call, tick);
+            waits.push(d.as_millis());
+        }
+        assert_eq!(waits, [2, 4, 4, 4, 1, 2]);
+        // Never below the tick, whatever it starts from.
+        assert_eq!(next_interval(Duration::ZERO, false, tick), tick);
     }
 
     #[test]
