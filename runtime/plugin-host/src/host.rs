@@ -100,6 +100,8 @@ pub struct EpochTickerStatus {
     pub parks: u64,
     /// Whether it is parked now.
     pub parked: bool,
+    /// Its current wait between ticks: the configured tick while it sees calls running, longer while it does not.
+    pub interval: std::time::Duration,
 }
 
 impl PluginHost {
@@ -219,6 +221,7 @@ impl PluginHost {
             ticks: clock.ticks(),
             parks: clock.parks(),
             parked: clock.is_parked(),
+            interval: clock.interval(),
         }
     }
 

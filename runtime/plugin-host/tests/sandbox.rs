@@ -131,6 +131,11 @@ fn endless_loop_times_out_after_the_idle_ticker_parked() {
         let t = host.epoch_ticker();
         t.parked.then_some(t)
     });
+    // It slowed down before it parked (it found no call running).
+    assert!(
+        parked.interval > HostConfig::default().epoch_tick,
+        "{parked:?}"
+    );
     let (tx, rx) = std::sync::mpsc::channel();
     let caller = host.clone();
     std::thread::spawn(move || {
