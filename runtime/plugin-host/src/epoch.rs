@@ -15,10 +15,11 @@
 //!
 //! Before it parks, a ticker that finds no call in progress slows down: each such tick doubles the wait to the
 //! next, up to [`SLOWEST_TICK_FACTOR`] ticks, and a tick that finds a call goes back to the configured tick at
-//! once. Under load, calls of a microsecond are almost never in progress when the ticker looks, so it wakes a
-//! quarter as often. Ticks that come later only lengthen a budget: a call that starts during a slow wait is
-//! seen at the next tick, from which the ticker ticks at full rate, so a runaway call is interrupted at most
-//! `SLOWEST_TICK_FACTOR - 1` ticks later than with a steady ticker (3 ms with the default 1 ms tick).
+//! once. Under load, calls of a microsecond are almost never in progress when the ticker looks, so it wakes up to a
+//! quarter as often (half as often in the mesh bench's connection-rate case). Ticks that come later only lengthen a
+//! budget: a call that starts during a slow wait is seen at the next tick, from which the ticker ticks at full
+//! rate, so a runaway call is interrupted at most `SLOWEST_TICK_FACTOR - 1` ticks later than with a steady ticker
+//! (3 ms with the default 1 ms tick).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
