@@ -135,8 +135,13 @@ impl Inner {
         local: SocketAddr,
         served_id: &SpiffeId,
     ) -> Option<(Arc<Workload>, SocketAddr)> {
-        let served_id = served_id.to_string();
-        let served = |w: &Arc<Workload>| self.is_local(w) && w.has_identity(&served_id);
+        // Field by field: no string is formatted per stream.
+        let served = |w: &Arc<Workload>| {
+            self.is_local(w)
+                && w.trust_domain == served_id.trust_domain()
+                && w.namespace == served_id.namespace()
+                && w.service_account == served_id.service_account()
+        };
         if dst.ip() != local.ip()
             && let Some(w) = state.workload_by_ip(local.ip()).filter(|w| served(w))
             && (w.application_tunnel.is_some() || state.is_waypoint_for(dst.ip(), w))

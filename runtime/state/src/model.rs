@@ -128,15 +128,10 @@ impl Workload {
         self
     }
 
-    /// Whether `id` is this workload's SPIFFE identity: the same answer as `self.spiffe_id() == id`, compared in
-    /// place (the data path asks per connection; no string is built).
+    /// Whether `id` is this workload's SPIFFE identity: the same answer as `self.spiffe_id() == id`, against the
+    /// string its metadata formed once (every state source builds the metadata), so the data path builds none.
     pub fn has_identity(&self, id: &str) -> bool {
-        id.strip_prefix("spiffe://")
-            .and_then(|r| r.strip_prefix(self.trust_domain.as_str()))
-            .and_then(|r| r.strip_prefix("/ns/"))
-            .and_then(|r| r.strip_prefix(self.namespace.as_str()))
-            .and_then(|r| r.strip_prefix("/sa/"))
-            == Some(self.service_account.as_str())
+        *self.meta.identity == *id
     }
 
     /// `spiffe://<td>/ns/<ns>/sa/<sa>`.
