@@ -219,7 +219,7 @@ where
             Err(e) => RelayEnd::Error(e.to_string()),
         },
         () = idle => RelayEnd::Idle,
-        () = ctl.cancel.cancelled() => RelayEnd::Cancelled,
+        () = ctl.cancelled() => RelayEnd::Cancelled,
     }
 }
 
@@ -323,7 +323,7 @@ mod tests {
     async fn cancelling_ends_the_relay() {
         let ctl = Arc::new(ConnControl::default());
         let (mut client, _server, _, task) = relayed(Duration::from_secs(60), ctl.clone()).await;
-        ctl.cancel.cancel();
+        ctl.cancel();
         assert_eq!(task.await.unwrap(), RelayEnd::Cancelled);
         let mut rest = Vec::new();
         assert_eq!(client.read_to_end(&mut rest).await.unwrap(), 0);

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -23,7 +23,7 @@ fn recheck_batch(
 ) -> usize {
     let mut closed = 0;
     for (record, ctl) in batch {
-        if ctl.cancel.is_cancelled() {
+        if ctl.is_cancelled() {
             continue;
         }
         if let v @ Verdict::Deny { .. } = hooks.authorize(&record) {
@@ -36,21 +36,49 @@ fn recheck_batch(
 }
 
 /// Control shared between a connection's task and the tracker.
+///
+/// A flag and a [`tokio::sync::Notify`] held inline rather than a `CancellationToken`: a token allocates a tree node
+/// of its own (about 128 bytes) beside this control, for every connection on both nodes, and a connection's cancel
+/// never needs a parent or children.
 #[derive(Debug, Default)]
 pub struct ConnControl {
-    /// Cancelled to close the connection.
-    pub cancel: CancellationToken,
+    cancelled: AtomicBool,
+    wake: tokio::sync::Notify,
     reason: Mutex<Option<Verdict>>,
 }
 
 impl ConnControl {
+    /// Close the connection: its relay (or setup) ends as cancelled. Idempotent.
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::SeqCst);
+        self.wake.notify_waiters();
+    }
+
+    /// Whether [`cancel`](Self::cancel) was called.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::SeqCst)
+    }
+
+    /// Completes once the connection is cancelled (at once if it already is).
+    pub async fn cancelled(&self) {
+        loop {
+            // Registered before the flag is read: `notify_waiters` wakes every `Notified` created before it, so a
+            // cancel between the check and the await is not lost.
+            let notified = self.wake.notified();
+            if self.is_cancelled() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
     /// Close the connection because a re-check denied it.
     pub fn deny(&self, verdict: Verdict) {
         *self
             .reason
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(verdict);
-        self.cancel.cancel();
+        self.cancel();
     }
 
     /// The verdict that closed it, if a re-check did.
@@ -277,7 +305,7 @@ impl ConnTracker {
     /// Close every live connection (end of a drain): each relay ends and reports its close.
     pub fn close_all(&self) {
         for t in self.lock().values() {
-            t.ctl.cancel.cancel();
+            t.ctl.cancel();
         }
     }
 
@@ -398,10 +426,10 @@ mod tests {
         for g in &guards {
             let denied = g.ctl.denied();
             if g.id.is_multiple_of(2) {
-                assert!(g.ctl.cancel.is_cancelled());
+                assert!(g.ctl.is_cancelled());
                 assert!(matches!(denied, Some(Verdict::Deny { by, .. }) if by == "test"));
             } else {
-                assert!(!g.ctl.cancel.is_cancelled());
+                assert!(!g.ctl.is_cancelled());
                 assert_eq!(denied, None);
             }
         }
@@ -480,8 +508,31 @@ mod tests {
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished());
         tracker.close_all();
-        assert!(g2.ctl.cancel.is_cancelled());
+        assert!(g2.ctl.is_cancelled());
         drop(g2);
         waiter.await.unwrap();
+    }
+
+    /// A cancel wakes every task waiting on it, and one that starts waiting afterwards returns at once.
+    #[tokio::test]
+    async fn cancel_wakes_waiters_and_later_waits_return_at_once() {
+        let ctl = Arc::new(ConnControl::default());
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let ctl = ctl.clone();
+                tokio::spawn(async move { ctl.cancelled().await })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        assert!(waiters.iter().all(|w| !w.is_finished()));
+        assert!(!ctl.is_cancelled());
+        ctl.cancel();
+        for w in waiters {
+            w.await.unwrap();
+        }
+        assert!(ctl.is_cancelled());
+        ctl.cancelled().await;
+        ctl.cancel();
+        ctl.cancelled().await;
     }
 }

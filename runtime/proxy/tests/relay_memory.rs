@@ -1,41 +1,53 @@
 //! What an idle relayed connection costs in heap: a counting global allocator measures the bytes live while many
-//! TCP⇄TCP relays sit idle after one exchange each, so a relay that keeps a read buffer through the wait fails.
+//! TCP⇄TCP relays sit idle after one exchange each, so a relay that keeps a read buffer through the wait fails; and
+//! a connection's control (its cancel) costs its one allocation and nothing beside it.
 #![allow(clippy::unwrap_used)] // a test panics to fail
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicIsize, Ordering};
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use weft_proxy::relay::{Counters, relay};
 
-/// The system allocator, counting the bytes currently allocated.
+/// The system allocator, counting the bytes currently allocated by each thread. Per thread, so the tests of this
+/// file (each on its own thread, each on a current-thread runtime) do not see each other's allocations.
 struct Counting;
 
-static LIVE: AtomicIsize = AtomicIsize::new(0);
+thread_local! {
+    static LIVE: Cell<isize> = const { Cell::new(0) };
+}
+
+fn add(bytes: isize) {
+    // `try_with`: the counter may already be gone while a thread is exiting.
+    let _ = LIVE.try_with(|live| live.set(live.get() + bytes));
+}
+
+fn live() -> isize {
+    LIVE.with(Cell::get)
+}
 
 // SAFETY: every call is forwarded to the system allocator unchanged; only a counter is updated beside it.
 #[allow(unsafe_code)] // a global allocator cannot be written without it
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        add(layout.size() as isize);
         // SAFETY: the caller's contract is passed through.
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        add(-(layout.size() as isize));
         // SAFETY: the caller's contract is passed through.
         unsafe { System.dealloc(ptr, layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(
-            new_size as isize - layout.size() as isize,
-            Ordering::Relaxed,
-        );
+        add(new_size as isize - layout.size() as isize);
         // SAFETY: the caller's contract is passed through.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -69,7 +81,7 @@ async fn an_idle_relay_holds_no_read_buffer() {
         ends.push((client, server));
         relayed.push((src, dst));
     }
-    let before = LIVE.load(Ordering::Relaxed);
+    let before = live();
     for (src, dst) in relayed {
         let ctl = ctl.clone();
         tasks.push(tokio::spawn(async move {
@@ -100,7 +112,7 @@ async fn an_idle_relay_holds_no_read_buffer() {
     for _ in 0..4 {
         tokio::task::yield_now().await;
     }
-    let grown = LIVE.load(Ordering::Relaxed) - before;
+    let grown = live() - before;
     let per_relay = grown / RELAYS as isize;
     assert!(
         per_relay < MAX_IDLE_BYTES_PER_RELAY,
@@ -115,5 +127,36 @@ async fn an_idle_relay_holds_no_read_buffer() {
     assert_eq!(&got, b"again");
     for t in &tasks {
         t.abort();
+    }
+}
+
+/// A connection's control is one allocation of its own size, and waiting on its cancel allocates nothing: no
+/// separate node per connection (as a `CancellationToken` would make), on both nodes of every connection.
+#[test]
+fn a_connection_control_is_one_allocation() {
+    const N: usize = 100;
+    let mut ctls = Vec::with_capacity(N);
+    let mut waits = Vec::with_capacity(N);
+    let before = live();
+    for _ in 0..N {
+        ctls.push(Arc::new(weft_proxy::tracker::ConnControl::default()));
+    }
+    for ctl in &ctls {
+        waits.push(Box::pin(ctl.cancelled()));
+    }
+    let wait_size = isize::try_from(std::mem::size_of_val(&*waits[0])).unwrap();
+    let mut cx = Context::from_waker(Waker::noop());
+    for wait in &mut waits {
+        assert!(wait.as_mut().poll(&mut cx).is_pending());
+    }
+    let per_control = (live() - before) / isize::try_from(N).unwrap() - wait_size;
+    let arc_inner =
+        std::mem::size_of::<weft_proxy::tracker::ConnControl>() + 2 * std::mem::size_of::<usize>();
+    assert_eq!(per_control, isize::try_from(arc_inner).unwrap());
+    for ctl in &ctls {
+        ctl.cancel();
+    }
+    for wait in &mut waits {
+        assert!(wait.as_mut().poll(&mut cx).is_ready());
     }
 }
