@@ -83,13 +83,14 @@ impl Inner {
         active.inc();
         self.hooks.on_open(&record);
         tracing::debug!(conn = record.id, src = %record.src, dst = %record.dst, direction = record.direction.as_str(), transport, "connection established");
-        let counters = Arc::new(Counters::default());
+        // Held in the connection's future, not allocated beside it: only the relay reads it while it runs.
+        let counters = Counters::default();
         let end = relay(
             src.0,
             src.1,
             dst.0,
             dst.1,
-            counters.clone(),
+            &counters,
             &ctl,
             self.cfg.idle_timeout,
         )

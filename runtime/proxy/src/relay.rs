@@ -8,7 +8,6 @@
 
 use std::future::Future;
 use std::io;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -179,7 +178,7 @@ pub async fn relay<SR, SW, DR, DW>(
     src_w: SW,
     dst_r: DR,
     dst_w: DW,
-    counters: Arc<Counters>,
+    counters: &Counters,
     ctl: &ConnControl,
     idle_timeout: Duration,
 ) -> RelayEnd
@@ -190,8 +189,8 @@ where
     DW: RelayWrite,
 {
     counters.touch();
-    let up = copy_half(src_r, dst_w, &counters.sent, &counters);
-    let down = copy_half(dst_r, src_w, &counters.received, &counters);
+    let up = copy_half(src_r, dst_w, &counters.sent, counters);
+    let down = copy_half(dst_r, src_w, &counters.received, counters);
     let both = async {
         // Either direction failing ends the connection; a clean EOF lets the other direction finish.
         tokio::pin!(up, down);
@@ -227,6 +226,8 @@ where
 mod tests {
     #![allow(clippy::unwrap_used)] // test code: a panic fails the test
 
+    use std::sync::Arc;
+
     use tokio::io::AsyncReadExt;
     use tokio::net::TcpStream;
 
@@ -249,7 +250,7 @@ mod tests {
         let task = tokio::spawn(async move {
             let (sr, sw) = src.into_split();
             let (dr, dw) = dst.into_split();
-            relay(sr, sw, dr, dw, c, &ctl, idle).await
+            relay(sr, sw, dr, dw, &c, &ctl, idle).await
         });
         (client, server, counters, task)
     }

@@ -87,16 +87,8 @@ async fn an_idle_relay_holds_no_read_buffer() {
         tasks.push(tokio::spawn(async move {
             let (sr, sw) = src.into_split();
             let (dr, dw) = dst.into_split();
-            relay(
-                sr,
-                sw,
-                dr,
-                dw,
-                Arc::new(Counters::default()),
-                &ctl,
-                Duration::from_secs(3600),
-            )
-            .await
+            let counters = Counters::default();
+            relay(sr, sw, dr, dw, &counters, &ctl, Duration::from_secs(3600)).await
         }));
     }
     // One exchange each way on every relay, so both directions have read (and, without the fix, keep) a buffer.
