@@ -462,6 +462,8 @@ async fn start_pairs(log: &str) -> (Vec<Running>, Vec<Pair>, Vec<Servers>) {
             Ipv4Addr::new(10, 248, subnet, 2),
         );
         let mut layout = Layout::new(c, s, 24);
+        // What ships: weft's own log buffering (and the flag is unknown to an older baseline build).
+        layout.sync_logs = false;
         if name == "weft-base" {
             let Some(bin) = &base else {
                 continue;

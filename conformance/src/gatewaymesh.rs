@@ -140,6 +140,7 @@ impl GatewayMesh {
             (none, none),
             log,
             None,
+            true,
         )
         .await?;
         Ok(Self {

@@ -65,6 +65,9 @@ pub struct Layout {
     /// The weft binary both nodes run (none: [`weft_devmesh::weft_binary`]); the bench runs a second build beside
     /// the first with it.
     pub weft_bin: Option<PathBuf>,
+    /// Both nodes write each log line as it is logged (`--log-linger 0s`), so a test reads what was logged the
+    /// moment it was; false: weft's default (the bench, which measures what ships).
+    pub sync_logs: bool,
 }
 
 impl Layout {
@@ -80,6 +83,7 @@ impl Layout {
             flags_b: Vec::new(),
             capture_ipv6: false,
             weft_bin: None,
+            sync_logs: true,
         }
     }
 }
@@ -179,6 +183,7 @@ fn node_opts(
         netns: Some(ns.name.clone()),
         extra: extra.iter().map(|s| s.to_string()).collect(),
         log: log.into(),
+        log_linger: Some("0s".into()),
     }
 }
 
@@ -215,6 +220,7 @@ impl NetMesh {
             (&layout.flags_a, &layout.flags_b),
             log,
             layout.weft_bin.as_deref(),
+            layout.sync_logs,
         )
         .await?;
         Ok(Self {
@@ -306,6 +312,7 @@ pub async fn start_nodes(
     flags: (&[String], &[String]),
     log: &str,
     weft: Option<&Path>,
+    sync_logs: bool,
 ) -> Result<(NodeProcess, NodeProcess), String> {
     let ca = dir.join("ca");
     weft_devmesh::write_dev_ca(&ca, "cluster.local").map_err(|e| e.to_string())?;
@@ -328,14 +335,18 @@ pub async fn start_nodes(
     let flags_b: Vec<&str> = flags.1.iter().map(String::as_str).collect();
     let a_extra = [&common[..], &["--inbound-plaintext", "off"], &flags_a].concat();
     let b_extra = [&common[..], &["--outbound", "off"], &flags_b].concat();
+    let linger = |mut o: NodeOptions| {
+        o.log_linger = sync_logs.then(|| "0s".to_owned());
+        o
+    };
     let mut a = NodeProcess::spawn(
         &weft,
-        &node_opts("node-a", ns.0, &config, &ca, dir, &a_extra, log),
+        &linger(node_opts("node-a", ns.0, &config, &ca, dir, &a_extra, log)),
     )
     .map_err(|e| e.to_string())?;
     let mut b = NodeProcess::spawn(
         &weft,
-        &node_opts("node-b", ns.1, &config, &ca, dir, &b_extra, log),
+        &linger(node_opts("node-b", ns.1, &config, &ca, dir, &b_extra, log)),
     )
     .map_err(|e| e.to_string())?;
     a.wait_ready(Duration::from_secs(30)).await?;

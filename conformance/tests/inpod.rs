@@ -42,6 +42,7 @@ fn spawn_weft(
         .chain(more.iter().map(|s| s.to_string()))
         .collect(),
         log: "info".into(),
+        log_linger: Some("0s".into()),
     };
     NodeProcess::spawn(&weft, &opts).unwrap()
 }

@@ -278,6 +278,11 @@ pub struct RunArgs {
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// How long log lines may wait in memory before they go to stderr, so that the lines of a busy moment (an
+    /// access log line per connection) are written together by a thread of their own, not one `write` each by
+    /// the data path; a panic and the end of the process write what waits. 0: each line as it is logged.
+    #[arg(long, default_value = "10ms", value_parser = humantime::parse_duration)]
+    pub log_linger: Duration,
 }
 
 /// Which CA signs workload certificates.

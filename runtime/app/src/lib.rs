@@ -7,6 +7,7 @@ pub mod default_plugins;
 pub mod demo;
 pub mod inpod;
 pub mod logging;
+pub mod logwriter;
 pub mod plugin_xds;
 pub mod run;
 pub mod xds;

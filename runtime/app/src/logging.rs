@@ -1,10 +1,12 @@
-//! Logging: tracing to stderr (text or JSON), with a filter that `/logging` can change at run time.
+//! Logging: tracing to stderr (text or JSON) through a buffer a writer thread empties (see [`crate::logwriter`]),
+//! with a filter that `/logging` can change at run time.
 
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Registry, reload};
 
 use crate::cli::LogFormat;
+use crate::logwriter::{BufferedWriter, LogBuffer, LogFlush};
 
 /// Handle to change the log filter.
 #[derive(Clone)]
@@ -34,15 +36,22 @@ impl LogControl {
     }
 }
 
-/// Install the global subscriber.
-pub fn init(filter: &str, format: LogFormat) -> anyhow::Result<LogControl> {
+/// Install the global subscriber. Keep the returned guard until the end: dropping it writes the lines still
+/// buffered. A panic writes them before its own message.
+pub fn init(
+    filter: &str,
+    format: LogFormat,
+    linger: std::time::Duration,
+) -> anyhow::Result<(LogControl, LogFlush)> {
     let filter = EnvFilter::try_new(filter)
         .map_err(|e| anyhow::anyhow!("bad log filter {filter:?}: {e}"))?;
     let (layer, handle) = reload::Layer::new(filter);
+    let (buffer, flush) = LogBuffer::start(std::io::stderr(), linger)?;
+    let writer = BufferedWriter(buffer);
     let reg = tracing_subscriber::registry().with(layer);
     match format {
         LogFormat::Text => reg
-            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .with(tracing_subscriber::fmt::layer().with_writer(writer))
             .try_init()?,
         LogFormat::Json => reg
             .with(
@@ -50,9 +59,15 @@ pub fn init(filter: &str, format: LogFormat) -> anyhow::Result<LogControl> {
                     .json()
                     .flatten_event(true)
                     .with_current_span(false)
-                    .with_writer(std::io::stderr),
+                    .with_writer(writer),
             )
             .try_init()?,
     }
-    Ok(LogControl { handle })
+    let flusher = flush.flusher();
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        flusher();
+        previous(info);
+    }));
+    Ok((LogControl { handle }, flush))
 }

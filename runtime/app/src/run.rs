@@ -179,7 +179,8 @@ fn plugin_host_config(args: &RunArgs) -> HostConfig {
 
 /// Run the node until SIGTERM/SIGINT or `/quitquitquit`, then drain.
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    let logs = logging::init(&args.log, args.log_format)?;
+    // `_log_flush` is dropped last (locals drop in reverse): the lines of the whole drain are written.
+    let (logs, _log_flush) = logging::init(&args.log, args.log_format, args.log_linger)?;
     let control = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .thread_name("weft-control")

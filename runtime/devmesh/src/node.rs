@@ -25,6 +25,9 @@ pub struct NodeOptions {
     pub extra: Vec<String>,
     /// Log filter.
     pub log: String,
+    /// `--log-linger` (none: weft's default). Tests that read the log right after an event give `0s`, so every
+    /// line is on disk as soon as it is logged; an older weft build (the bench's baseline) may not know the flag.
+    pub log_linger: Option<String>,
 }
 
 impl NodeOptions {
@@ -53,6 +56,7 @@ impl NodeOptions {
                 "--bind-source-ip".into(),
             ],
             log: "info".into(),
+            log_linger: Some("0s".into()),
         }
     }
 }
@@ -126,6 +130,9 @@ impl NodeProcess {
             "--config-poll".into(),
             "50ms".into(),
         ];
+        if let Some(linger) = &opts.log_linger {
+            args.extend(["--log-linger".into(), linger.clone()]);
+        }
         if !opts.config.as_os_str().is_empty() {
             args.extend(["--config".into(), opts.config.display().to_string()]);
         }
