@@ -291,6 +291,99 @@ impl<'a> Report<'a> {
     }
 }
 
+/// What determines the labels of a connection's open, interned: (inbound, mutual TLS, source workload, destination
+/// workload, peer identity, destination service). 0 stands for none.
+type OpenKey = (bool, bool, u32, u32, u32, u32);
+
+/// The label sets of connection opens already seen, by what determines their labels (a pure function of it: the
+/// direction, mutual TLS, the peer identity, the destination service and the two workloads' label fields), so that
+/// an open of a kind seen before costs a few small lookups instead of building and hashing 27 label values. A
+/// workload is known by the values of the fields the labels use, not by its uid, so a workload whose metadata
+/// changes gets new labels at once. Cleared whole when it holds [`OpenCache::MAX`] entries of a kind.
+#[derive(Default)]
+struct OpenCache {
+    /// A workload's label fields (length-prefixed, concatenated) → id.
+    workloads: HashMap<String, u32>,
+    /// A peer identity or destination service → id.
+    strings: HashMap<String, u32>,
+    sets: HashMap<OpenKey, usize>,
+    /// This batch's workloads, by their address in the batch (valid until its end) → id.
+    batch: HashMap<usize, u32>,
+    scratch: String,
+}
+
+impl OpenCache {
+    const MAX: usize = 10_000;
+
+    fn key(&mut self, info: &ConnectionInfo<'_>) -> OpenKey {
+        if self.sets.len() >= Self::MAX
+            || self.workloads.len() >= Self::MAX
+            || self.strings.len() >= Self::MAX
+        {
+            self.sets.clear();
+            self.workloads.clear();
+            self.strings.clear();
+            self.batch.clear();
+        }
+        let conn = info.conn;
+        let src = self.workload(info.source_workload);
+        let dst = self.workload(info.destination_workload);
+        let peer = self.string(conn.peer_identity.as_deref());
+        let service = self.string(conn.destination_service.as_deref());
+        (
+            conn.direction == Direction::Inbound,
+            conn.hbone,
+            src,
+            dst,
+            peer,
+            service,
+        )
+    }
+
+    fn string(&mut self, s: Option<&str>) -> u32 {
+        let Some(s) = s else { return 0 };
+        if let Some(&id) = self.strings.get(s) {
+            return id;
+        }
+        let id = u32::try_from(self.strings.len() + 1).unwrap_or(u32::MAX);
+        self.strings.insert(s.to_owned(), id);
+        id
+    }
+
+    fn workload(&mut self, w: Option<&WorkloadMeta>) -> u32 {
+        let Some(w) = w else { return 0 };
+        let at = w as *const WorkloadMeta as usize;
+        if let Some(&id) = self.batch.get(&at) {
+            return id;
+        }
+        self.scratch.clear();
+        for field in [
+            &w.workload_name,
+            &w.canonical_name,
+            &w.canonical_revision,
+            &w.namespace,
+            &w.service_account,
+            &w.trust_domain,
+            &w.cluster_id,
+            &w.region,
+            &w.zone,
+        ] {
+            let _ = write!(self.scratch, "{}:", field.len());
+            self.scratch.push_str(field);
+        }
+        let id = match self.workloads.get(self.scratch.as_str()) {
+            Some(&id) => id,
+            None => {
+                let id = u32::try_from(self.workloads.len() + 1).unwrap_or(u32::MAX);
+                self.workloads.insert(self.scratch.clone(), id);
+                id
+            }
+        };
+        self.batch.insert(at, id);
+        id
+    }
+}
+
 /// One label set (the kept label values of a connection) and its series in each counter, registered with the host
 /// the first time they are needed, so a connection's updates pass handles, not 27 strings each.
 struct LabelSet {
@@ -329,6 +422,7 @@ pub struct IstioTelemetry {
     live: HashMap<u64, usize>,
     /// The label sets the batch in progress touched.
     dirty: Vec<usize>,
+    open_cache: OpenCache,
 }
 
 fn hash_of(kept: &[&str], probe: u64) -> u64 {
@@ -341,6 +435,12 @@ impl IstioTelemetry {
     /// The label set of a report's values (the kept ones), created if new; past `maxSeries` label sets a new one
     /// is recorded with every unbounded label set to `overflow`.
     fn label_set(&mut self, values: &[Cow<'_, str>]) -> usize {
+        self.label_set_or_overflow(values).0
+    }
+
+    /// [`Self::label_set`], and whether the values were recorded under `overflow` (such a result must not be
+    /// remembered: each connection recorded so is counted in the overflow counter).
+    fn label_set_or_overflow(&mut self, values: &[Cow<'_, str>]) -> (usize, bool) {
         let mut kept: Vec<&str> = self
             .options
             .keep
@@ -348,7 +448,7 @@ impl IstioTelemetry {
             .map(|&i| values[i].as_ref())
             .collect();
         if let Some(i) = self.find(&kept) {
-            return i;
+            return (i, false);
         }
         // The overflow sets themselves are few (one per combination of bounded labels) and not capped.
         let overflowing = self.sets.len() >= self.options.max_series;
@@ -360,7 +460,7 @@ impl IstioTelemetry {
                 }
             }
             if let Some(i) = self.find(&kept) {
-                return i;
+                return (i, true);
             }
         }
         let mut probe = 0;
@@ -374,7 +474,22 @@ impl IstioTelemetry {
             series: [None; 5],
             pending: [None; 5],
         });
-        i
+        (i, overflowing)
+    }
+
+    /// The label set of a connection's open: remembered by what determines it (see [`OpenCache`]), built from a
+    /// [`Report`] the first time.
+    fn open_set(&mut self, info: &ConnectionInfo<'_>) -> usize {
+        let key = self.open_cache.key(info);
+        if let Some(&set) = self.open_cache.sets.get(&key) {
+            return set;
+        }
+        let report = Report::new(info, "-", self.options.spiffe_prefix);
+        let (set, overflowed) = self.label_set_or_overflow(&report.values);
+        if !overflowed {
+            self.open_cache.sets.insert(key, set);
+        }
+        set
     }
 
     fn find(&self, kept: &[&str]) -> Option<usize> {
@@ -490,14 +605,14 @@ impl Telemetry for IstioTelemetry {
             sets: Vec::new(),
             live: HashMap::new(),
             dirty: Vec::new(),
+            open_cache: OpenCache::default(),
             label_names,
             options,
         })
     }
 
     fn on_open(&mut self, info: &ConnectionInfo<'_>) {
-        let report = Report::new(info, "-", self.options.spiffe_prefix);
-        let set = self.label_set(&report.values);
+        let set = self.open_set(info);
         self.add(set, Which::Opened, 1);
         if self.live.len() < MAX_LIVE && self.live.insert(info.conn.id, set).is_none() {
             self.sockets_add(info, 1);
@@ -505,6 +620,8 @@ impl Telemetry for IstioTelemetry {
     }
 
     fn on_batch_end(&mut self) {
+        // The batch's workloads go away with it: their addresses may be reused by the next one.
+        self.open_cache.batch.clear();
         self.flush();
     }
 

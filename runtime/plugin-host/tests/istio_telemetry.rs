@@ -384,6 +384,87 @@ fn label_subset_and_cardinality_cap() {
     assert!(overflow[0].value >= 2.0, "{overflow:?}");
 }
 
+/// Opens are matched to their label set by what determines the labels, remembered across batches: a workload
+/// whose metadata changes (same uid, new revision) gets its new labels at once, the same metadata again finds its
+/// series, and so does a connection of another kind (other peer, other service) between them.
+#[test]
+fn opens_of_a_kind_seen_before_find_their_series_and_changed_metadata_new_ones() {
+    let h = Harness::telemetry(&wasm(), r#"{"accessLog": "off"}"#).unwrap();
+    let with_revision = |rev: &str| {
+        let mut c = rich_conn();
+        let mut src = (**c.src_workload.as_ref().unwrap()).clone();
+        src.canonical_revision = rev.into();
+        c.src_workload = Some(Arc::new(src));
+        c
+    };
+    h.open_close(&with_revision("v2"), &close(1, 1));
+    h.open_close(&with_revision("v3"), &close(1, 1));
+    let mut other = with_revision("v2");
+    other.peer_identity = Some(Arc::from("spiffe://cluster.local/ns/shop/sa/other"));
+    other.dst_service = None;
+    h.open_close(&other, &close(1, 1));
+    h.open_close(&with_revision("v2"), &close(1, 1));
+    let text = h.metrics_text();
+    let by: BTreeMap<(String, String, String), f64> =
+        samples(&text, "istio_tcp_connections_opened_total")
+            .iter()
+            .map(|x| {
+                (
+                    (
+                        x.get("source_canonical_revision").unwrap().to_owned(),
+                        x.get("source_principal").unwrap().to_owned(),
+                        x.get("destination_service").unwrap().to_owned(),
+                    ),
+                    x.value,
+                )
+            })
+            .collect();
+    let frontend = "spiffe://cluster.local/ns/shop/sa/frontend".to_owned();
+    let svc = "server.shop.svc.cluster.local".to_owned();
+    assert_eq!(
+        by,
+        [
+            (("v2".into(), frontend.clone(), svc.clone()), 2.0),
+            (("v3".into(), frontend, svc), 1.0),
+            (
+                (
+                    "v2".into(),
+                    "spiffe://cluster.local/ns/shop/sa/other".into(),
+                    "unknown".into()
+                ),
+                1.0
+            ),
+        ]
+        .into()
+    );
+}
+
+/// Every connection recorded under `overflow` is counted, also one of a kind already recorded so.
+#[test]
+fn each_overflowing_connection_is_counted() {
+    let h = Harness::telemetry(
+        &wasm(),
+        r#"{"labels": ["destination_workload"], "maxSeries": 1, "accessLog": "off"}"#,
+    )
+    .unwrap();
+    for name in ["a", "b", "b", "c"] {
+        let mut c = conn(8080, None);
+        c.dst_workload = Some(workload(name, "shop", "sa"));
+        h.open_close(&c, &close(1, 1));
+    }
+    let text = h.metrics_text();
+    assert_eq!(
+        samples(&text, "istio_telemetry_series_overflow_total")[0].value,
+        3.0
+    );
+    let opened = samples(&text, "istio_tcp_connections_opened_total");
+    let by: BTreeMap<&str, f64> = opened
+        .iter()
+        .map(|x| (x.get("destination_workload").unwrap(), x.value))
+        .collect();
+    assert_eq!(by, [("a", 1.0), ("overflow", 3.0)].into());
+}
+
 /// The plugin's log lines (target `plugin`), captured from `tracing`.
 fn captured() -> &'static Mutex<Vec<String>> {
     static LINES: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
