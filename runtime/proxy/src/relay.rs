@@ -9,10 +9,11 @@
 use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::time::Instant;
 use weft_hbone::{H2RecvHalf, H2SendHalf};
@@ -46,15 +47,20 @@ pub trait RelayWrite: Send {
 impl RelayRead for OwnedReadHalf {
     /// Waits until the socket is readable before it reserves room, so a connection waiting for bytes holds no
     /// read buffer (what 10,000 idle connections cost is then the kernel's, not ours).
+    ///
+    /// The read goes through `AsyncRead`, polled once, not `try_read`: tokio's `poll_read` clears the socket's
+    /// readiness after a short read, so the next wait goes straight to epoll instead of through a read that finds
+    /// nothing (one `EAGAIN` system call less per exchange, on both nodes).
     async fn read_chunk(&mut self, buf: &mut BytesMut, want: usize) -> io::Result<Option<Bytes>> {
         loop {
             self.readable().await?;
             buf.reserve(want);
-            match self.try_read_buf(buf) {
-                Ok(n) => return Ok((n > 0).then(|| buf.split().freeze())),
+            let read = std::pin::pin!(self.read_buf(buf));
+            match read.poll(&mut Context::from_waker(Waker::noop())) {
+                Poll::Ready(Ok(n)) => return Ok((n > 0).then(|| buf.split().freeze())),
+                Poll::Ready(Err(e)) => return Err(e),
                 // A spurious readiness: give the room back while waiting again.
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => *buf = BytesMut::new(),
-                Err(e) => return Err(e),
+                Poll::Pending => *buf = BytesMut::new(),
             }
         }
     }
