@@ -92,6 +92,18 @@ impl<W: Write + Send + 'static> LogBuffer<W> {
             return;
         }
         let mut st = lock(&self.state);
+        if st.closed {
+            // The writer has stopped (the end of the run): nothing would write this line later. Whatever still
+            // waits goes first, so the order holds.
+            drop(st);
+            let mut out = lock(&self.out);
+            let waiting = std::mem::take(&mut lock(&self.state).bytes);
+            let _ = out
+                .write_all(&waiting)
+                .and_then(|()| out.write_all(line))
+                .and_then(|()| out.flush());
+            return;
+        }
         let before = st.bytes.len();
         st.bytes.extend_from_slice(line);
         let after = st.bytes.len();
@@ -303,6 +315,18 @@ mod tests {
         line(&w, "b\n");
         drop(flush);
         assert_eq!(sink.text(), "a\nb\n");
+    }
+
+    /// A line logged after the guard dropped (the writer has stopped) is written at once, not left behind.
+    #[test]
+    fn lines_after_the_end_are_written_at_once() {
+        let sink = Sink::default();
+        let (buf, flush) = LogBuffer::start(sink.clone(), Duration::from_secs(3600)).unwrap();
+        let w = BufferedWriter(buf);
+        line(&w, "last of the run\n");
+        drop(flush);
+        line(&w, "after the end\n");
+        assert_eq!(sink.text(), "last of the run\nafter the end\n");
     }
 
     /// The flusher (the panic hook's) writes what has gathered without stopping the writer.
