@@ -160,7 +160,8 @@ impl TransportPolicy for Misbehave {
             "state" => Decision::deny(format!("policies: [{}]", self.policies.join(","))),
             // What the host lends: the names behind both workload handles.
             "workloads" => {
-                let name = |w: Option<&weft_plugin_sdk::Workload>| w.map_or("-".to_string(), |w| w.name());
+                let name =
+                    |w: Option<&weft_plugin_sdk::Workload>| w.map_or("-".to_string(), |w| w.name());
                 Decision::deny(format!(
                     "src={} dst={}",
                     name(workloads.source),
