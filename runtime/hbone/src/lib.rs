@@ -21,6 +21,7 @@ pub mod error;
 mod keepalive;
 pub mod pool;
 mod preface;
+mod readahead;
 pub mod server;
 pub mod stream;
 
@@ -29,6 +30,7 @@ pub use config::H2Config;
 pub use counter::{StreamCounter, StreamDropGuard};
 pub use error::{Error, SharedError};
 pub use pool::{Pool, PoolConfig};
+pub use readahead::{READ_AHEAD, ReadAhead};
 pub use server::{InboundRequest, parse_authority, serve_connection};
 pub use stream::{H2RecvHalf, H2SendHalf, H2Stream};
 

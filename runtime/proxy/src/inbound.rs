@@ -70,7 +70,9 @@ impl Inner {
                 return;
             }
         };
-        let accept = tokio_rustls::TlsAcceptor::from(server_cfg).accept(tcp);
+        // rustls reads 4 KiB at a time: one socket read serves several (see `ReadAhead`).
+        let accept =
+            tokio_rustls::TlsAcceptor::from(server_cfg).accept(weft_hbone::ReadAhead::new(tcp));
         let tls = match tokio::time::timeout(self.cfg.connect_timeout, accept).await {
             Ok(Ok(t)) => t,
             Ok(Err(e)) => {

@@ -447,7 +447,7 @@ impl Inner {
                     .map_err(|source| DialError::Tcp { addr, source })?;
                 let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
                 let tls = tokio_rustls::TlsConnector::from(tls_cfg)
-                    .connect(name, tcp)
+                    .connect(name, weft_hbone::ReadAhead::new(tcp))
                     .await
                     .map_err(|source| DialError::Tls { addr, source })?;
                 weft_hbone::handshake(tls, &me.cfg.h2)

@@ -1,0 +1,257 @@
+//! A read-ahead buffer under a TLS session: one socket read serves many of the TLS library's small reads.
+//!
+//! rustls asks its transport for at most 4 KiB per read, so a 16 KiB TLS record costs four `recvfrom`
+//! calls (and as many trips through the reactor). Under a bulk transfer that is a large share of the
+//! proxy's CPU. [`ReadAhead`] sits between the socket and the TLS session: when the caller asks for
+//! less than the buffer holds it reads up to [`READ_AHEAD`] bytes from the socket at once and hands
+//! them out from memory; a caller that asks for at least that much reads the socket directly. Writes
+//! pass straight through.
+//!
+//! The buffer is allocated (not zeroed) for each socket read that needs it and given back once it has
+//! been handed out entirely, so an idle connection holds none.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_util::io::poll_read_buf;
+
+/// Bytes read from the socket at once.
+pub const READ_AHEAD: usize = 64 * 1024;
+
+/// A byte stream with a read-ahead buffer (see the [module documentation](self)).
+#[derive(Debug)]
+pub struct ReadAhead<S> {
+    io: S,
+    /// Bytes read from `io` and not yet handed out; `None` while there are none.
+    buf: Option<BytesMut>,
+}
+
+impl<S> ReadAhead<S> {
+    /// Wrap `io`; no buffer is allocated until the first read.
+    pub fn new(io: S) -> Self {
+        Self { io, buf: None }
+    }
+
+    /// The wrapped stream.
+    pub fn get_ref(&self) -> &S {
+        &self.io
+    }
+
+    /// The wrapped stream, mutably. Reading from it directly skips what is buffered.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.io
+    }
+
+    /// Bytes read from the stream and not yet handed out.
+    pub fn buffered(&self) -> usize {
+        self.buf.as_ref().map_or(0, BytesMut::len)
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let buf = match &mut this.buf {
+            Some(b) if !b.is_empty() => b,
+            _ => {
+                if out.remaining() >= READ_AHEAD {
+                    // A large read gains nothing from the buffer: straight into the caller's.
+                    this.buf = None;
+                    return Pin::new(&mut this.io).poll_read(cx, out);
+                }
+                // Not zeroed: `poll_read_buf` fills the spare capacity it is given.
+                let buf = this.buf.insert(BytesMut::with_capacity(READ_AHEAD));
+                let n = ready!(poll_read_buf(Pin::new(&mut this.io), cx, buf))?;
+                if n == 0 {
+                    // End of stream: nothing to keep.
+                    this.buf = None;
+                    return Poll::Ready(Ok(()));
+                }
+                buf
+            }
+        };
+        let n = out.remaining().min(buf.len());
+        out.put_slice(&buf[..n]);
+        buf.advance(n);
+        if buf.is_empty() {
+            // Handed out entirely: give the buffer back, so a connection that waits holds none (an
+            // allocation that is not zeroed costs little next to the read that will refill it).
+            this.buf = None;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for ReadAhead<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A stream that serves scripted chunks, one per read (cut to the caller's space), and counts reads.
+    struct Script {
+        chunks: VecDeque<Vec<u8>>,
+        reads: usize,
+        asked: Vec<usize>,
+    }
+
+    impl AsyncRead for Script {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+            out: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            self.reads += 1;
+            let room = out.remaining();
+            self.asked.push(room);
+            if let Some(mut c) = self.chunks.pop_front() {
+                if c.len() > room {
+                    let rest = c.split_off(room);
+                    self.chunks.push_front(rest);
+                }
+                out.put_slice(&c);
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    fn script(chunks: Vec<Vec<u8>>) -> Script {
+        Script {
+            chunks: chunks.into(),
+            reads: 0,
+            asked: Vec::new(),
+        }
+    }
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn small_reads_are_served_from_one_socket_read() {
+        let data = pattern(READ_AHEAD, 7);
+        let mut ra = ReadAhead::new(script(vec![data.clone()]));
+        let mut got = Vec::new();
+        let mut chunk = [0u8; 4096];
+        while got.len() < data.len() {
+            let n = ra.read(&mut chunk).await.unwrap();
+            assert!(n > 0);
+            got.extend_from_slice(&chunk[..n]);
+        }
+        assert_eq!(got, data);
+        assert_eq!(ra.get_ref().reads, 1, "16 reads of 4 KiB, one socket read");
+        assert!(ra.buf.is_none(), "a drained buffer is given back");
+    }
+
+    #[tokio::test]
+    async fn bytes_arrive_in_order_across_short_and_full_socket_reads() {
+        let chunks = vec![
+            pattern(100, 1),
+            pattern(READ_AHEAD + 5000, 2),
+            pattern(1, 3),
+            pattern(9000, 4),
+        ];
+        let all: Vec<u8> = chunks.concat();
+        let mut ra = ReadAhead::new(script(chunks));
+        let mut got = Vec::new();
+        let mut chunk = [0u8; 3000];
+        loop {
+            let n = ra.read(&mut chunk).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&chunk[..n]);
+        }
+        assert_eq!(got, all);
+        assert!(ra.buf.is_none(), "end of stream gives the buffer back");
+    }
+
+    #[tokio::test]
+    async fn a_drained_short_read_frees_the_buffer_and_a_large_read_bypasses_it() {
+        let mut ra = ReadAhead::new(script(vec![pattern(10, 1), pattern(READ_AHEAD * 2, 2)]));
+        let mut small = [0u8; 4096];
+        assert_eq!(ra.read(&mut small).await.unwrap(), 10);
+        assert!(ra.buf.is_none(), "an idle connection holds no buffer");
+        assert_eq!(ra.buffered(), 0);
+        let mut big = vec![0u8; READ_AHEAD * 2];
+        let n = ra.read(&mut big).await.unwrap();
+        assert_eq!(n, READ_AHEAD * 2);
+        assert_eq!(big, pattern(READ_AHEAD * 2, 2));
+        assert_eq!(
+            ra.get_ref().asked,
+            vec![READ_AHEAD, READ_AHEAD * 2],
+            "the large read went straight to the socket"
+        );
+        assert!(ra.buf.is_none());
+    }
+
+    #[tokio::test]
+    async fn reads_and_writes_through_a_real_socket_pair() {
+        let (a, b) = tokio::io::duplex(1 << 20);
+        let mut ra = ReadAhead::new(a);
+        let mut b = b;
+        let sent = pattern(200_000, 9);
+        let writer = {
+            let sent = sent.clone();
+            tokio::spawn(async move {
+                b.write_all(&sent).await.unwrap();
+                b.shutdown().await.unwrap();
+                let mut back = Vec::new();
+                b.read_to_end(&mut back).await.unwrap();
+                back
+            })
+        };
+        let mut got = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let n = ra.read(&mut chunk).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&chunk[..n]);
+        }
+        assert_eq!(got, sent);
+        ra.write_all(b"thanks").await.unwrap();
+        ra.shutdown().await.unwrap();
+        assert_eq!(writer.await.unwrap(), b"thanks");
+    }
+}
