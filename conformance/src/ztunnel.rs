@@ -21,6 +21,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use weft_devmesh::netns::Netns;
+use weft_devmesh::{NodeOptions, NodeProcess};
 
 use crate::netmesh::{Layout, MARK, Topology, yaml};
 
@@ -235,6 +236,46 @@ impl ZtunnelMesh {
         log: &str,
         extra_env: &[(String, String)],
     ) -> Result<Self, String> {
+        let s = Setup::new(tag, subnet).await?;
+        let mut a = s.ztunnel("a", bin, log, extra_env)?;
+        let mut b = s.ztunnel("b", bin, log, extra_env)?;
+        a.wait_http_ok(READY, "/healthz/ready", PATIENCE).await?;
+        b.wait_http_ok(READY, "/healthz/ready", PATIENCE).await?;
+        Ok(Self {
+            a,
+            b,
+            ca: s.ca,
+            topo: s.topo,
+            dir: s.dir,
+        })
+    }
+
+    /// The server workload's address (port 8080).
+    pub fn server(&self) -> SocketAddr {
+        SocketAddr::from((self.topo.server_ip, 8080))
+    }
+
+    /// Stop both nodes, then the CA.
+    pub async fn stop(&mut self) {
+        let grace = Duration::from_secs(5);
+        self.a.terminate(grace).await;
+        self.b.terminate(grace).await;
+        self.ca.terminate(grace).await;
+    }
+}
+
+/// The common part of a pair: namespaces with capture, the mesh file (with its trust domain spelled out), the dev
+/// CA's files and `weft-ca` serving them to ztunnel.
+struct Setup {
+    topo: Topology,
+    dir: tempfile::TempDir,
+    ca: NsProcess,
+    ca_addr: SocketAddr,
+    ca_dir: PathBuf,
+}
+
+impl Setup {
+    async fn new(tag: &str, subnet: u8) -> Result<Self, String> {
         let client_ip = Ipv4Addr::new(10, 248, subnet, 1);
         let server_ip = Ipv4Addr::new(10, 248, subnet, 2);
         let weft_ca = weft_devmesh::weft_binary()?.with_file_name("weft-ca");
@@ -289,61 +330,140 @@ impl ZtunnelMesh {
             d.join("weft-ca.log"),
         )?;
         ca.wait_log("weft-ca serving", PATIENCE).await?;
-        let node = |n: &str, ns: &str, workload: &str| {
-            let mut env: Vec<(String, String)> = [
-                ("XDS_ADDRESS", String::new()),
-                ("LOCAL_XDS_PATH", path("mesh.yaml")),
-                ("CA_ADDRESS", format!("https://{ca_addr}")),
-                (
-                    "CA_ROOT_CA",
-                    ca_dir.join("root-cert.pem").display().to_string(),
-                ),
-                ("AUTH_TOKEN", path(&format!("token-{n}"))),
-                ("PROXY_MODE", "dedicated".into()),
-                ("PROXY_WORKLOAD_INFO", workload.into()),
-                ("NODE_NAME", format!("node-{n}")),
-                ("POD_NAME", format!("ztunnel-{n}")),
-                ("POD_NAMESPACE", "istio-system".into()),
-                ("ENABLE_ORIG_SRC", "false".into()),
-                ("PACKET_MARK", MARK.to_string()),
-                ("RUST_LOG", log.into()),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect();
-            env.extend(extra_env.iter().cloned());
-            NsProcess::spawn(
-                &format!("ztunnel node-{n}"),
-                ns,
-                bin,
-                &[],
-                &env,
-                d.join(format!("ztunnel-{n}.log")),
-            )
-        };
-        let mut a = node("a", &topo.ns_a.name, "default/client/client")?;
-        let mut b = node("b", &topo.ns_b.name, "default/echo/echo")?;
-        a.wait_http_ok(READY, "/healthz/ready", PATIENCE).await?;
-        b.wait_http_ok(READY, "/healthz/ready", PATIENCE).await?;
         Ok(Self {
-            a,
-            b,
-            ca,
             topo,
             dir,
+            ca,
+            ca_addr,
+            ca_dir,
+        })
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+
+    /// Node `n` ("a": the client's, "b": the server's) as a ztunnel proxying for that node's workload.
+    fn ztunnel(
+        &self,
+        n: &str,
+        bin: &Path,
+        log: &str,
+        extra_env: &[(String, String)],
+    ) -> Result<NsProcess, String> {
+        let (ns, workload) = match n {
+            "a" => (&self.topo.ns_a.name, "default/client/client"),
+            _ => (&self.topo.ns_b.name, "default/echo/echo"),
+        };
+        let mut env: Vec<(String, String)> = [
+            ("XDS_ADDRESS", String::new()),
+            ("LOCAL_XDS_PATH", self.path("mesh.yaml")),
+            ("CA_ADDRESS", format!("https://{}", self.ca_addr)),
+            (
+                "CA_ROOT_CA",
+                self.ca_dir.join("root-cert.pem").display().to_string(),
+            ),
+            ("AUTH_TOKEN", self.path(&format!("token-{n}"))),
+            ("PROXY_MODE", "dedicated".into()),
+            ("PROXY_WORKLOAD_INFO", workload.into()),
+            ("NODE_NAME", format!("node-{n}")),
+            ("POD_NAME", format!("ztunnel-{n}")),
+            ("POD_NAMESPACE", "istio-system".into()),
+            ("ENABLE_ORIG_SRC", "false".into()),
+            ("PACKET_MARK", MARK.to_string()),
+            ("RUST_LOG", log.into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        env.extend(extra_env.iter().cloned());
+        NsProcess::spawn(
+            &format!("ztunnel node-{n}"),
+            ns,
+            bin,
+            &[],
+            &env,
+            self.dir.path().join(format!("ztunnel-{n}.log")),
+        )
+    }
+
+    /// Node `n` as weft, with the same mesh file and its certificates from the same CA's files (`--ca-dir`).
+    fn weft(&self, n: &str, log: &str) -> Result<NodeProcess, String> {
+        let (ns, role) = match n {
+            "a" => (&self.topo.ns_a, ["--inbound-plaintext", "off"]),
+            _ => (&self.topo.ns_b, ["--outbound", "off"]),
+        };
+        let mark = format!("{MARK:#x}");
+        let extra = [
+            "--mark",
+            &mark,
+            "--socks5",
+            "off",
+            "--hbone",
+            "0.0.0.0:15008",
+            role[0],
+            role[1],
+        ];
+        let opts = NodeOptions {
+            name: format!("node-{n}"),
+            control_ip: Ipv4Addr::LOCALHOST.into(),
+            config: self.dir.path().join("mesh.yaml"),
+            ca_dir: self.ca_dir.clone(),
+            log_path: self.dir.path().join(format!("weft-{n}.log")),
+            netns: Some(ns.name.clone()),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            log: log.into(),
+            log_linger: Some("0s".into()),
+        };
+        NodeProcess::spawn(&weft_devmesh::weft_binary()?, &opts).map_err(|e| e.to_string())
+    }
+}
+
+/// One weft node and one ztunnel node on the same layout, for interop: weft on node A (the client's) and ztunnel
+/// on node B, or the other way round. Both get their certificates from the same CA.
+#[derive(Debug)]
+pub struct MixedMesh {
+    /// The weft node. (Field order is drop order: processes go before the namespaces and the directory.)
+    pub weft: NodeProcess,
+    /// The ztunnel node.
+    pub ztunnel: NsProcess,
+    /// weft-ca, in node A's namespace.
+    pub ca: NsProcess,
+    /// Namespaces, link and capture.
+    pub topo: Topology,
+    /// Scratch directory (mesh file, CA, tokens, logs).
+    pub dir: tempfile::TempDir,
+}
+
+impl MixedMesh {
+    /// Like [`ZtunnelMesh::start`], with weft on node A when `weft_on_a`, else on node B, and ztunnel `bin` on the
+    /// other; waits until both are ready.
+    pub async fn start(
+        tag: &str,
+        subnet: u8,
+        bin: &Path,
+        log: &str,
+        weft_on_a: bool,
+    ) -> Result<Self, String> {
+        let s = Setup::new(tag, subnet).await?;
+        let (w, z) = if weft_on_a { ("a", "b") } else { ("b", "a") };
+        let mut ztunnel = s.ztunnel(z, bin, "info", &[])?;
+        let mut weft = s.weft(w, log)?;
+        ztunnel
+            .wait_http_ok(READY, "/healthz/ready", PATIENCE)
+            .await?;
+        weft.wait_ready(PATIENCE).await?;
+        Ok(Self {
+            weft,
+            ztunnel,
+            ca: s.ca,
+            topo: s.topo,
+            dir: s.dir,
         })
     }
 
     /// The server workload's address (port 8080).
     pub fn server(&self) -> SocketAddr {
         SocketAddr::from((self.topo.server_ip, 8080))
-    }
-
-    /// Stop both nodes, then the CA.
-    pub async fn stop(&mut self) {
-        let grace = Duration::from_secs(5);
-        self.a.terminate(grace).await;
-        self.b.terminate(grace).await;
-        self.ca.terminate(grace).await;
     }
 }

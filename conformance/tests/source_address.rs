@@ -86,6 +86,7 @@ async fn connect_from(
     let req = weft_hbone::ConnectRequest {
         authority: format!("{}:8080", a.echo()),
         headers,
+        early_data: Default::default(),
     };
     match c.connect(req).await {
         Ok(_) => StatusCode::OK,

@@ -28,6 +28,11 @@ pub struct ConnectRequest {
     pub authority: String,
     /// Extra request headers (for example `baggage` or `traceparent`).
     pub headers: HeaderMap,
+    /// Bytes of the tunnelled connection to send right behind the `CONNECT`, before its response
+    /// (empty: none). They save the client a round trip; if the `CONNECT` is refused they are
+    /// dropped with the stream. A request that carries them is retried on another connection only
+    /// when the peer cannot have seen them (see [`Error::is_retryable_on_new_connection`]).
+    pub early_data: Bytes,
 }
 
 impl ConnectRequest {
@@ -36,6 +41,7 @@ impl ConnectRequest {
         Self {
             authority: authority.into(),
             headers: HeaderMap::new(),
+            early_data: Bytes::new(),
         }
     }
 
@@ -47,6 +53,12 @@ impl ConnectRequest {
     /// Adds a request header (builder style).
     pub fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Self {
         self.headers.append(name, value);
+        self
+    }
+
+    /// Sets the bytes sent behind the `CONNECT` (builder style; see [`ConnectRequest::early_data`]).
+    pub fn with_early_data(mut self, data: Bytes) -> Self {
+        self.early_data = data;
         self
     }
 
@@ -153,17 +165,25 @@ impl H2Client {
 
     pub(crate) async fn connect_with_guard(
         &self,
-        req: ConnectRequest,
+        mut req: ConnectRequest,
         guard: StreamDropGuard,
     ) -> Result<(H2Stream, HeaderMap), Error> {
         let authority = req.authority.clone();
+        let early = std::mem::take(&mut req.early_data);
         let request = req.into_request()?;
         if self.is_closed() {
             return Err(Error::ConnectionClosed);
         }
         let exchange = async {
             let mut sender = self.inner.sender.clone().ready().await?;
-            let (response, send) = sender.send_request(request, false)?;
+            let (response, mut send) = sender.send_request(request, false)?;
+            if !early.is_empty()
+                && let Err(e) = send.send_data(early, false)
+            {
+                // The stream already ended (the peer answered or reset it at once): the bytes have
+                // nowhere to go, and the response says what happened.
+                tracing::debug!(conn = self.inner.id, %authority, error = %e, "hbone early data not sent");
+            }
             Ok::<_, Error>((response.await?, send))
         };
         // On timeout the exchange is dropped with its `SendStream` and `ResponseFuture`, which

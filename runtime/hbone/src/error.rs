@@ -53,12 +53,22 @@ impl Error {
     /// Whether a CONNECT that failed with this error may be retried on another connection
     /// without the peer having seen it: the connection was going away, closed, or refused the
     /// stream before processing it.
-    pub fn is_retryable_on_new_connection(&self) -> bool {
+    ///
+    /// A bare `CONNECT` is retried after any GOAWAY or I/O error of its connection: at worst the
+    /// peer dialled once for nothing. One that carried
+    /// [`early data`](crate::ConnectRequest::early_data) is retried only when the peer cannot
+    /// have delivered those bytes, since sending them again would duplicate them: the stream was
+    /// refused (`REFUSED_STREAM` means no processing happened), or the peer's graceful GOAWAY
+    /// (`NO_ERROR`) failed it (h2 then fails only the streams above the GOAWAY's last processed
+    /// one). A GOAWAY with an error code or an I/O error fails processed streams as well.
+    pub fn is_retryable_on_new_connection(&self, sent_early_data: bool) -> bool {
         match self {
             Error::ConnectionClosed => true,
-            Error::H2(e) => {
-                e.is_go_away() || e.is_io() || e.reason() == Some(h2::Reason::REFUSED_STREAM)
+            Error::H2(e) if e.reason() == Some(h2::Reason::REFUSED_STREAM) => true,
+            Error::H2(e) if sent_early_data => {
+                e.is_go_away() && e.is_remote() && e.reason() == Some(h2::Reason::NO_ERROR)
             }
+            Error::H2(e) => e.is_go_away() || e.is_io(),
             _ => false,
         }
     }

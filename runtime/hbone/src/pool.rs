@@ -169,7 +169,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
                 Err(e) => {
                     let retry = !fresh
                         && stale_retries < MAX_STALE_RETRIES
-                        && e.is_retryable_on_new_connection();
+                        && e.is_retryable_on_new_connection(!req.early_data.is_empty());
                     if retry || !client.is_ready() {
                         self.evict(&key, &client);
                     }

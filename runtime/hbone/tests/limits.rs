@@ -281,7 +281,7 @@ async fn client_refuses_a_response_header_list_over_16k() {
         }
         other => panic!("expected a refused stream, got {other:?}"),
     }
-    assert!(!err.is_retryable_on_new_connection());
+    assert!(!err.is_retryable_on_new_connection(false));
     // Only that stream failed.
     assert!(client.is_ready());
     assert_eq!(client.active_streams(), 0);

@@ -296,3 +296,64 @@ async fn peer_concurrent_stream_limit_caps_connection_use() {
     ping(&mut s).await;
     assert_eq!(pool.created_total(), 2);
 }
+
+/// A pooled connection dies while a CONNECT on it waits for its answer: a bare CONNECT is sent again on a new
+/// connection, one with early data is not (the peer may have delivered the bytes; sending them twice would
+/// duplicate them) and fails instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_with_early_data_is_not_retried_after_its_connection_died() {
+    for early in [false, true] {
+        // Port 1: the first such stream is held unanswered and reported; any later one is echoed.
+        let (held_tx, mut held_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let held = Arc::new(AtomicUsize::new(0));
+        let server = TestServer::start(
+            H2Config::default(),
+            move |req: weft_hbone::InboundRequest| {
+                let (held_tx, held) = (held_tx.clone(), held.clone());
+                async move {
+                    let port = req.connect_target().map(|a| a.port()).unwrap_or(0);
+                    if port == 1 && held.fetch_add(1, Ordering::SeqCst) == 0 {
+                        let _ = held_tx.send(());
+                        std::future::pending::<()>().await;
+                    }
+                    common::echo(req).await;
+                }
+            },
+        )
+        .await;
+        let pool = Pool::new(PoolConfig::default());
+        let calls = Arc::new(AtomicUsize::new(0));
+        let (warm, _) = pool
+            .connect("k", req(), dialer(server.addr, &calls, Duration::ZERO))
+            .await
+            .expect("connect");
+        drop(warm);
+        let mut held_req = ConnectRequest::new("127.0.0.1:1");
+        if early {
+            held_req = held_req.with_early_data(bytes::Bytes::from_static(b"x"));
+        }
+        let attempt = {
+            let (pool, dial) = (pool.clone(), dialer(server.addr, &calls, Duration::ZERO));
+            tokio::spawn(async move { pool.connect("k", held_req, dial).await })
+        };
+        timeout(WAIT, held_rx.recv())
+            .await
+            .expect("the CONNECT reached the server");
+        server.abort_conn(0);
+        let res = timeout(WAIT, attempt)
+            .await
+            .expect("timeout")
+            .expect("task");
+        if early {
+            let Err(e) = res else {
+                panic!("a CONNECT with early data must not be sent twice");
+            };
+            assert!(!e.is_retryable_on_new_connection(true), "{e}");
+            assert_eq!(server.accepted(), 1, "no second connection");
+        } else {
+            let (mut s, _) = res.expect("a bare CONNECT is retried on a new connection");
+            ping(&mut s).await;
+            assert_eq!(server.accepted(), 2);
+        }
+    }
+}

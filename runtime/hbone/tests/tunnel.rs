@@ -363,3 +363,83 @@ async fn dropped_read_half_returns_connection_window() {
         writers.push(w);
     }
 }
+
+/// Handler: accepts, reads until the client half-closes, answers `got:` and what it read, and half-closes.
+async fn tell_what_came(req: InboundRequest) {
+    let Ok(stream) = req.accept(http::HeaderMap::new()) else {
+        return;
+    };
+    let (mut r, mut w) = stream.into_split();
+    let mut got = Vec::new();
+    if r.read_to_end(&mut got).await.is_err() {
+        return;
+    }
+    let _ = w.write_all(&[b"got:", &got[..]].concat()).await;
+    let _ = w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn early_data_goes_with_the_connect_and_comes_first() {
+    let server = TestServer::start(H2Config::default(), tell_what_came).await;
+    let client = dial(server.addr, &H2Config::default()).await.expect("dial");
+    let req = ConnectRequest::new("127.0.0.1:8080")
+        .with_early_data(bytes::Bytes::from_static(b"GET / HTTP/1.1\r\n"));
+    let (mut stream, _) = client.connect(req).await.expect("connect");
+    // The early bytes were sent by `connect` itself; what the stream writes follows them.
+    stream.write_all(b"\r\n").await.expect("write");
+    stream.shutdown().await.expect("shutdown");
+    let mut back = Vec::new();
+    timeout(WAIT, stream.read_to_end(&mut back))
+        .await
+        .expect("timeout")
+        .expect("read");
+    assert_eq!(back, b"got:GET / HTTP/1.1\r\n\r\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn early_data_of_a_refused_connect_is_dropped_with_its_stream() {
+    let server = TestServer::start(H2Config::default(), |req: InboundRequest| async move {
+        match req.connect_target() {
+            Ok(a) if a.port() == 401 => {
+                let _ = req.reject(StatusCode::UNAUTHORIZED);
+            }
+            _ => tell_what_came(req).await,
+        }
+    })
+    .await;
+    let client = dial(server.addr, &H2Config::default()).await.expect("dial");
+    let early = bytes::Bytes::from(pattern(40_000, 3));
+    for i in 0..3 {
+        let refused = client
+            .connect(ConnectRequest::new("10.0.0.1:401").with_early_data(early.clone()))
+            .await;
+        assert!(
+            matches!(refused, Err(Error::Status(StatusCode::UNAUTHORIZED))),
+            "attempt {i}: {refused:?}"
+        );
+    }
+    // The connection is unharmed (the refused streams' bytes did not use up its window) and the next tunnel
+    // gets its own early data only.
+    assert!(client.is_ready());
+    let (mut stream, _) = client
+        .connect(ConnectRequest::new("10.0.0.1:80").with_early_data(early.clone()))
+        .await
+        .expect("connect");
+    stream.shutdown().await.expect("shutdown");
+    let mut back = Vec::new();
+    timeout(WAIT, stream.read_to_end(&mut back))
+        .await
+        .expect("timeout")
+        .expect("read");
+    assert_eq!(back, [b"got:", &early[..]].concat());
+}
+
+#[test]
+fn a_refused_or_unsent_connect_is_retried_with_or_without_early_data() {
+    let refused = || Error::H2(h2::Error::from(h2::Reason::REFUSED_STREAM));
+    for early in [false, true] {
+        assert!(refused().is_retryable_on_new_connection(early));
+        assert!(Error::ConnectionClosed.is_retryable_on_new_connection(early));
+        assert!(!Error::Status(StatusCode::FORBIDDEN).is_retryable_on_new_connection(early));
+    }
+}

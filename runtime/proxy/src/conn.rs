@@ -69,6 +69,28 @@ impl Inner {
         DR: RelayRead,
         DW: RelayWrite,
     {
+        self.run_after_early(record, epoch, 0, transport, via, src, dst)
+            .await
+    }
+
+    /// [`run`](Self::run) for a connection whose first `early_sent` source bytes went upstream before it was
+    /// established (early data behind an HBONE `CONNECT`): they count as sent.
+    #[allow(clippy::too_many_arguments)] // `run`'s, plus the early bytes
+    pub(crate) async fn run_after_early<SR, SW, DR, DW>(
+        self: &Arc<Self>,
+        record: Arc<ConnectionRecord>,
+        epoch: u64,
+        early_sent: u64,
+        transport: Transport,
+        via: Via,
+        src: Halves<SR, SW>,
+        dst: Halves<DR, DW>,
+    ) where
+        SR: RelayRead,
+        SW: RelayWrite,
+        DR: RelayRead,
+        DW: RelayWrite,
+    {
         let ctl = Arc::new(ConnControl::default());
         let _guard = self.tracker.register(record.clone(), ctl.clone());
         if self.tracker.policy_epoch() != epoch
@@ -85,6 +107,9 @@ impl Inner {
         tracing::debug!(conn = record.id, src = %record.src, dst = %record.dst, direction = record.direction.as_str(), transport, "connection established");
         // Held in the connection's future, not allocated beside it: only the relay reads it while it runs.
         let counters = Counters::default();
+        counters
+            .sent
+            .store(early_sent, std::sync::atomic::Ordering::Relaxed);
         let end = relay(
             src.0,
             src.1,

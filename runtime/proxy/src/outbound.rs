@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use bytes::{Bytes, BytesMut};
 use tokio::net::TcpStream;
 use weft_hbone::{ConnectRequest, H2Stream, SharedError};
 use weft_hooks::{ConnectionRecord, Direction, Verdict};
@@ -71,6 +72,9 @@ pub enum OutboundError {
     /// No certificate for the source identity.
     #[error("no certificate for {0}")]
     Identity(String),
+    /// The client's connection failed (reset) before the tunnel was open.
+    #[error("client connection failed before the tunnel opened: {0}")]
+    Client(String),
     /// Connecting (TCP, TLS, HTTP/2 or CONNECT) failed.
     #[error("upstream connect failed ({}): {}", kind.as_str(), error_chain(source.as_ref()))]
     Connect {
@@ -198,6 +202,8 @@ pub(crate) enum Upstream {
 
 pub(crate) struct Established {
     pub record: Arc<ConnectionRecord>,
+    /// Bytes of the client's already sent upstream behind the CONNECT (early data).
+    pub early_sent: u64,
     /// The tracker's policy epoch read before the connection was authorized.
     pub epoch: u64,
     pub upstream: Upstream,
@@ -205,10 +211,14 @@ pub(crate) struct Established {
 
 impl Inner {
     /// Resolve, authorize and connect; reports failures itself.
+    ///
+    /// With `client`, whatever the client has already sent when the tunnel is requested goes behind the `CONNECT`
+    /// as early data (direct tunnels to a destination's node only; see [`read_early`]).
     pub(crate) async fn establish_outbound(
         self: &Arc<Self>,
         src: SocketAddr,
         dst: SocketAddr,
+        client: Option<&TcpStream>,
     ) -> Result<Established, OutboundError> {
         let state = self.state.current();
         let src_wl = state
@@ -324,6 +334,7 @@ impl Inner {
                 return match conn {
                     Ok(s) => Ok(Established {
                         record,
+                        early_sent: 0,
                         epoch,
                         upstream: Upstream::Tcp(s),
                     }),
@@ -423,7 +434,25 @@ impl Inner {
             )),
             _ => None,
         };
+        // Early data only where the tunnel ends at the destination's node proxy (weft or ztunnel, both checked):
+        // not through a waypoint or a network gateway, whose CONNECT handling was not.
+        let direct =
+            inner.is_none() && resolved.waypoint.is_none() && resolved.network_gateway.is_none();
+        let early = match client.filter(|_| direct).map(read_early) {
+            Some(Ok(b)) => b,
+            None => Bytes::new(),
+            Some(Err(e)) => {
+                return Err(fail(
+                    &record,
+                    "client",
+                    "DC",
+                    OutboundError::Client(e.to_string()),
+                ));
+            }
+        };
+        let early_sent = early.len() as u64;
         let req = ConnectRequest {
+            early_data: early,
             authority: inner
                 .as_ref()
                 .map_or_else(|| resolved.addr.to_string(), |i| i.authority.clone()),
@@ -485,6 +514,7 @@ impl Inner {
         match tunnel.await {
             Ok(stream) => Ok(Established {
                 record,
+                early_sent,
                 epoch,
                 upstream: Upstream::Hbone(stream, hbone_addr),
             }),
@@ -532,9 +562,10 @@ impl Inner {
         match est.upstream {
             Upstream::Hbone(stream, addr) => {
                 let (ur, uw) = stream.into_split();
-                self.run(
+                self.run_after_early(
                     est.record,
                     est.epoch,
+                    est.early_sent,
                     "hbone",
                     Via::hbone(addr),
                     Halves(cr, cw),
@@ -578,9 +609,25 @@ impl Inner {
         };
         // Boxed: resolving, asking policy and connecting is on the heap only while it runs, so an established
         // connection's task holds the relay's state alone.
-        if let Ok(est) = Box::pin(self.establish_outbound(src, dst)).await {
+        if let Ok(est) = Box::pin(self.establish_outbound(src, dst, Some(&client))).await {
             self.run_outbound(client, est).await;
         }
+    }
+}
+
+/// Most bytes sent as early data.
+const EARLY_DATA_MAX: usize = 16 * 1024;
+
+/// What the client has sent so far (at most [`EARLY_DATA_MAX`] bytes; nothing if it has sent nothing yet or has
+/// closed), read without waiting. A client that speaks first (HTTP, TLS) usually has: its bytes then leave with
+/// the `CONNECT` instead of a round trip later. A read error (the client reset) is returned: it is reported once,
+/// and a later read would find a clean end instead.
+fn read_early(client: &TcpStream) -> std::io::Result<Bytes> {
+    let mut buf = BytesMut::with_capacity(EARLY_DATA_MAX);
+    match client.try_read_buf(&mut buf) {
+        Ok(_) => Ok(buf.freeze()),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(Bytes::new()),
+        Err(e) => Err(e),
     }
 }
 

@@ -109,7 +109,7 @@ impl Inner {
                 }
             };
         // Boxed, as for a captured connection: the relay's task keeps nothing of the setup.
-        match Box::pin(self.establish_outbound(src, dst)).await {
+        match Box::pin(self.establish_outbound(src, dst, None)).await {
             Ok(est) => {
                 if reply(&mut client, REP_OK).await.is_ok() {
                     self.run_outbound(client, est).await;
@@ -120,7 +120,7 @@ impl Inner {
                     OutboundError::Denied { .. } => REP_NOT_ALLOWED,
                     OutboundError::Unroutable(_) => REP_HOST_UNREACHABLE,
                     OutboundError::Connect { .. } => REP_REFUSED,
-                    OutboundError::Identity(_) => REP_FAILURE,
+                    OutboundError::Identity(_) | OutboundError::Client(_) => REP_FAILURE,
                 };
                 let _ = reply(&mut client, code).await;
             }

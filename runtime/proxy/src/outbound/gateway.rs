@@ -4,6 +4,7 @@
 //! endpoint's identity when the service lists none). Both CONNECTs name the service as `hostname:port`; the inner
 //! one carries `x-forwarded-network` with the client's network.
 
+use bytes::Bytes;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -102,6 +103,7 @@ impl InnerTunnel {
             .connect(ConnectRequest {
                 authority: self.authority,
                 headers,
+                early_data: Bytes::new(),
             })
             .await?;
         Ok(stream)

@@ -148,7 +148,10 @@ async fn service_vip_resolves_to_its_endpoint_over_hbone() {
     let id = testkit::identity();
     let _b = node_b(n, &id, "echo").await;
     let (a, _) = node_a(n, &id);
-    let est = a.establish_outbound(n.client(), n.vip()).await.unwrap();
+    let est = a
+        .establish_outbound(n.client(), n.vip(), None)
+        .await
+        .unwrap();
     assert!(matches!(est.upstream, Upstream::Hbone(_, addr) if addr == n.hbone()));
     assert_eq!(
         est.record.dst_service.as_deref(),
@@ -168,7 +171,10 @@ async fn tcp_workload_is_dialled_directly() {
     let id = testkit::identity();
     testkit::echo(n.db()).await;
     let (a, _) = node_a(n, &id);
-    let est = a.establish_outbound(n.client(), n.db()).await.unwrap();
+    let est = a
+        .establish_outbound(n.client(), n.db(), None)
+        .await
+        .unwrap();
     assert!(matches!(&est.upstream, Upstream::Tcp(s) if s.peer_addr().unwrap() == n.db()));
     assert!(!est.record.hbone);
     round_trip(&a, est, b"plain tcp").await;
@@ -180,7 +186,7 @@ async fn unknown_service_port_is_unroutable() {
     let n = Net(3);
     let (a, hooks) = node_a(n, &testkit::identity());
     let e = a
-        .establish_outbound(n.client(), SocketAddr::new(n.vip().ip(), 81))
+        .establish_outbound(n.client(), SocketAddr::new(n.vip().ip(), 81), None)
         .await
         .err()
         .unwrap();
@@ -197,7 +203,7 @@ async fn weft_ports_of_workloads_are_refused() {
     let n = Net(4);
     let (a, _) = node_a(n, &testkit::identity());
     let e = a
-        .establish_outbound(n.client(), n.hbone())
+        .establish_outbound(n.client(), n.hbone(), None)
         .await
         .err()
         .unwrap();
@@ -211,7 +217,7 @@ async fn egress_policy_denial_stops_before_any_connection() {
     let (a, hooks) = node_a(n, &testkit::identity());
     hooks.deny_when(|r| r.dst.port() == 80);
     let e = a
-        .establish_outbound(n.client(), n.vip())
+        .establish_outbound(n.client(), n.vip(), None)
         .await
         .err()
         .unwrap();
@@ -230,7 +236,7 @@ async fn a_source_that_is_no_local_workload_gets_no_identity() {
     let (a, hooks) = node_a(n, &testkit::identity());
     let stranger = SocketAddr::from((n.ip(99), 40_000));
     let e = a
-        .establish_outbound(stranger, n.echo())
+        .establish_outbound(stranger, n.echo(), None)
         .await
         .err()
         .unwrap();
@@ -247,17 +253,29 @@ async fn a_wider_identity_set_is_not_reused_for_a_narrower_one() {
     let _b = node_b(n, &id, "echo").await;
     let (a, _) = node_a(n, &id);
 
-    let via_vip = a.establish_outbound(n.client(), n.vip()).await.unwrap();
+    let via_vip = a
+        .establish_outbound(n.client(), n.vip(), None)
+        .await
+        .unwrap();
     assert_eq!(a.pool.created_total(), 1);
-    let direct = a.establish_outbound(n.client(), n.echo()).await.unwrap();
+    let direct = a
+        .establish_outbound(n.client(), n.echo(), None)
+        .await
+        .unwrap();
     assert_eq!(
         a.pool.created_total(),
         2,
         "the request accepting only the workload identity reused the VIP's connection"
     );
     // Same sets still share.
-    let via_vip_again = a.establish_outbound(n.client(), n.vip()).await.unwrap();
-    let direct_again = a.establish_outbound(n.client(), n.echo()).await.unwrap();
+    let via_vip_again = a
+        .establish_outbound(n.client(), n.vip(), None)
+        .await
+        .unwrap();
+    let direct_again = a
+        .establish_outbound(n.client(), n.echo(), None)
+        .await
+        .unwrap();
     assert_eq!(a.pool.created_total(), 2);
     for est in [via_vip, direct, via_vip_again, direct_again] {
         round_trip(&a, est, b"pooled").await;
@@ -286,7 +304,7 @@ async fn refused_tcp_is_a_tcp_failure() {
     let (a, hooks) = node_a(n, &testkit::identity());
     // Nothing listens on the echo workload's HBONE port.
     let e = a
-        .establish_outbound(n.client(), n.echo())
+        .establish_outbound(n.client(), n.echo(), None)
         .await
         .err()
         .unwrap();
@@ -315,7 +333,7 @@ async fn a_peer_that_is_not_tls_is_a_tls_failure() {
         }
     });
     let e = a
-        .establish_outbound(n.client(), n.echo())
+        .establish_outbound(n.client(), n.echo(), None)
         .await
         .err()
         .unwrap();
@@ -340,7 +358,7 @@ async fn a_peer_with_another_identity_is_a_tls_failure() {
     let _b = node_b(n, &id, "impostor").await;
     let (a, hooks) = node_a(n, &id);
     let e = a
-        .establish_outbound(n.client(), n.echo())
+        .establish_outbound(n.client(), n.echo(), None)
         .await
         .err()
         .unwrap();
@@ -381,7 +399,7 @@ async fn a_silent_peer_times_out() {
     });
     tokio::time::pause();
     let e = a
-        .establish_outbound(n.client(), n.echo())
+        .establish_outbound(n.client(), n.echo(), None)
         .await
         .err()
         .unwrap();
@@ -408,7 +426,7 @@ async fn a_captured_connection_holds_its_setup_only_while_it_runs() {
     let identity = testkit::identity();
     let (inner, _) = node_a(n, &identity);
     let (_peer, ours) = testkit::tcp_pair().await;
-    let setup = inner.establish_outbound(n.client(), n.echo());
+    let setup = inner.establish_outbound(n.client(), n.echo(), None);
     let setup_size = std::mem::size_of_val(&setup);
     drop(setup);
     let whole = inner.clone().handle_captured(ours, n.client());

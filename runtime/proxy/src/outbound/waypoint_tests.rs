@@ -109,7 +109,11 @@ async fn transport_policy_runs_before_the_waypoint_sees_anything() {
             && r.dst == vip(1)
             && r.hbone
     });
-    let e = a.establish_outbound(client(t), vip(t)).await.err().unwrap();
+    let e = a
+        .establish_outbound(client(t), vip(t), None)
+        .await
+        .err()
+        .unwrap();
     assert!(
         matches!(&e, OutboundError::Denied { by, .. } if by == "test"),
         "{e}"
@@ -128,7 +132,7 @@ async fn the_waypoints_node_accepts_the_sandwich_connect_for_its_service() {
     let identity = testkit::identity();
     let _wp = node_wp(t, &identity, true).await;
     let (a, hooks) = node_a(t, &identity);
-    let est = a.establish_outbound(client(t), vip(t)).await.unwrap();
+    let est = a.establish_outbound(client(t), vip(t), None).await.unwrap();
     let Upstream::Hbone(_, hbone) = &est.upstream else {
         panic!("a waypoint is reached over HBONE");
     };
@@ -161,7 +165,11 @@ async fn the_waypoints_node_refuses_a_connect_for_what_it_is_not_the_waypoint_of
     // The waypoint's node does not know the service uses it: the authority (the VIP) is not its workload's.
     let _wp = node_wp(t, &identity, false).await;
     let (a, _) = node_a(t, &identity);
-    let e = a.establish_outbound(client(t), vip(t)).await.err().unwrap();
+    let e = a
+        .establish_outbound(client(t), vip(t), None)
+        .await
+        .err()
+        .unwrap();
     assert!(
         matches!(
             &e,
