@@ -1,6 +1,8 @@
 //! HBONE client: one HTTP/2 connection on which CONNECT tunnels are opened.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
@@ -150,6 +152,16 @@ async fn drive<IO>(
     closed.cancel();
 }
 
+/// Bytes for a tunnel that arrive while its `CONNECT` waits for the response: each chunk offered
+/// is sent at once behind the `CONNECT` (early data), saving the round trip to the response.
+/// Used through [`H2Client::connect_with_early`] and [`Pool::connect_with_early`](crate::Pool::connect_with_early).
+pub trait EarlyData: Send {
+    /// The next chunk to send now (`Pending`: none yet, the waker is called when there may be),
+    /// or `Ready(None)`: nothing more will be offered (the source ended, failed or reached its
+    /// limit; it keeps whatever it has to say about that).
+    fn poll_early(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>>;
+}
+
 impl H2Client {
     /// Opens a tunnel: sends `CONNECT` and waits for the response. A 200 yields the stream and
     /// the response headers; any other status is [`Error::Status`].
@@ -160,13 +172,28 @@ impl H2Client {
     /// [`Error::ResponseTimeout`], leaving the connection to its other streams.
     pub async fn connect(&self, req: ConnectRequest) -> Result<(H2Stream, HeaderMap), Error> {
         let guard = self.inner.counter.guard();
-        self.connect_with_guard(req, guard).await
+        self.connect_with_guard(req, guard, None, &mut false).await
     }
 
+    /// Like [`connect`](Self::connect), and while the response is awaited, what `early` offers
+    /// is sent on the stream as it comes (see [`EarlyData`]).
+    pub async fn connect_with_early(
+        &self,
+        req: ConnectRequest,
+        early: &mut dyn EarlyData,
+    ) -> Result<(H2Stream, HeaderMap), Error> {
+        let guard = self.inner.counter.guard();
+        self.connect_with_guard(req, guard, Some(early), &mut false)
+            .await
+    }
+
+    /// Sets `sent_early` once any early data (the request's or `early`'s) was handed to h2.
     pub(crate) async fn connect_with_guard(
         &self,
         mut req: ConnectRequest,
         guard: StreamDropGuard,
+        mut early_source: Option<&mut (dyn EarlyData + '_)>,
+        sent_early: &mut bool,
     ) -> Result<(H2Stream, HeaderMap), Error> {
         let authority = req.authority.clone();
         let early = std::mem::take(&mut req.early_data);
@@ -176,15 +203,39 @@ impl H2Client {
         }
         let exchange = async {
             let mut sender = self.inner.sender.clone().ready().await?;
-            let (response, mut send) = sender.send_request(request, false)?;
-            if !early.is_empty()
-                && let Err(e) = send.send_data(early, false)
-            {
-                // The stream already ended (the peer answered or reset it at once): the bytes have
-                // nowhere to go, and the response says what happened.
-                tracing::debug!(conn = self.inner.id, %authority, error = %e, "hbone early data not sent");
+            let (mut response, mut send) = sender.send_request(request, false)?;
+            let mut offer = |send: &mut h2::SendStream<Bytes>, data: Bytes| {
+                *sent_early = true;
+                if let Err(e) = send.send_data(data, false) {
+                    // The stream already ended (the peer answered or reset it at once): the
+                    // bytes have nowhere to go, and the response says what happened.
+                    tracing::debug!(conn = self.inner.id, %authority, error = %e, "hbone early data not sent");
+                }
+            };
+            if !early.is_empty() {
+                offer(&mut send, early);
             }
-            Ok::<_, Error>((response.await?, send))
+            let response = loop {
+                let next = std::future::poll_fn(|cx| {
+                    if let Poll::Ready(r) = Pin::new(&mut response).poll(cx) {
+                        return Poll::Ready(Ok(r));
+                    }
+                    match early_source.as_deref_mut().map(|e| e.poll_early(cx)) {
+                        Some(Poll::Ready(Some(data))) => Poll::Ready(Err(data)),
+                        Some(Poll::Ready(None)) => {
+                            early_source = None;
+                            Poll::Pending
+                        }
+                        Some(Poll::Pending) | None => Poll::Pending,
+                    }
+                })
+                .await;
+                match next {
+                    Ok(r) => break r?,
+                    Err(data) => offer(&mut send, data),
+                }
+            };
+            Ok::<_, Error>((response, send))
         };
         // On timeout the exchange is dropped with its `SendStream` and `ResponseFuture`, which
         // makes h2 reset the stream (CANCEL).

@@ -25,7 +25,7 @@ mod readahead;
 pub mod server;
 pub mod stream;
 
-pub use client::{ConnectRequest, H2Client, handshake};
+pub use client::{ConnectRequest, EarlyData, H2Client, handshake};
 pub use config::H2Config;
 pub use counter::{StreamCounter, StreamDropGuard};
 pub use error::{Error, SharedError};

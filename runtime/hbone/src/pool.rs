@@ -10,7 +10,7 @@ use http::HeaderMap;
 use tokio_util::sync::CancellationToken;
 
 use crate::Error;
-use crate::client::{ConnectRequest, H2Client};
+use crate::client::{ConnectRequest, EarlyData, H2Client};
 use crate::counter::StreamDropGuard;
 use crate::error::SharedError;
 use crate::stream::H2Stream;
@@ -152,6 +152,41 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
         Fut: Future<Output = Result<H2Client, E>>,
         E: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
+        self.connect_inner(key, req, None, connect_fn).await
+    }
+
+    /// Like [`connect`](Self::connect), sending what `early` offers while the response is awaited
+    /// (see [`EarlyData`]). Once any early data went out, the stream is retried on another
+    /// connection only where the peer cannot have delivered it
+    /// ([`Error::is_retryable_on_new_connection`]).
+    pub async fn connect_with_early<F, Fut, E>(
+        &self,
+        key: K,
+        req: ConnectRequest,
+        early: &mut dyn EarlyData,
+        connect_fn: F,
+    ) -> Result<(H2Stream, HeaderMap), Error>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<H2Client, E>>,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        self.connect_inner(key, req, Some(early), connect_fn).await
+    }
+
+    async fn connect_inner<F, Fut, E>(
+        &self,
+        key: K,
+        req: ConnectRequest,
+        mut early: Option<&mut dyn EarlyData>,
+        connect_fn: F,
+    ) -> Result<(H2Stream, HeaderMap), Error>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<H2Client, E>>,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let mut sent_early = false;
         let mut connect_fn = Some(connect_fn);
         let mut stale_retries = 0;
         loop {
@@ -164,12 +199,18 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
                 Some((c, g)) => (c, g, false),
                 None => self.create(&key, &mut connect_fn).await?,
             };
-            match client.connect_with_guard(req.clone(), guard).await {
+            let attempt = client.connect_with_guard(
+                req.clone(),
+                guard,
+                early.as_deref_mut(),
+                &mut sent_early,
+            );
+            match attempt.await {
                 Ok(ok) => return Ok(ok),
                 Err(e) => {
                     let retry = !fresh
                         && stale_retries < MAX_STALE_RETRIES
-                        && e.is_retryable_on_new_connection(!req.early_data.is_empty());
+                        && e.is_retryable_on_new_connection(sent_early);
                     if retry || !client.is_ready() {
                         self.evict(&key, &client);
                     }

@@ -443,3 +443,72 @@ fn a_refused_or_unsent_connect_is_retried_with_or_without_early_data() {
         assert!(!Error::Status(StatusCode::FORBIDDEN).is_retryable_on_new_connection(early));
     }
 }
+
+/// Offers one chunk when the test sends it, then ends; records that it was taken.
+struct ChannelEarly {
+    rx: tokio::sync::mpsc::UnboundedReceiver<bytes::Bytes>,
+    taken: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl weft_hbone::EarlyData for ChannelEarly {
+    fn poll_early(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<bytes::Bytes>> {
+        let chunk = std::task::ready!(self.rx.poll_recv(cx));
+        if chunk.is_some()
+            && let Some(t) = self.taken.take()
+        {
+            let _ = t.send(());
+        }
+        std::task::Poll::Ready(chunk)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_that_arrive_while_the_connect_waits_go_before_its_response() {
+    // The server answers only when the test says so.
+    let (go_tx, go_rx) = tokio::sync::watch::channel(false);
+    let server = TestServer::start(H2Config::default(), move |req: InboundRequest| {
+        let mut go = go_rx.clone();
+        async move {
+            let _ = go.wait_for(|g| *g).await;
+            tell_what_came(req).await;
+        }
+    })
+    .await;
+    let client = dial(server.addr, &H2Config::default()).await.expect("dial");
+    let (chunks, rx) = tokio::sync::mpsc::unbounded_channel();
+    let (taken_tx, taken_rx) = tokio::sync::oneshot::channel();
+    let connecting = tokio::spawn(async move {
+        let mut early = ChannelEarly {
+            rx,
+            taken: Some(taken_tx),
+        };
+        let r = client
+            .connect_with_early(ConnectRequest::new("127.0.0.1:80"), &mut early)
+            .await;
+        (r, client)
+    });
+    chunks
+        .send(bytes::Bytes::from_static(b"while waiting"))
+        .unwrap();
+    drop(chunks);
+    timeout(WAIT, taken_rx)
+        .await
+        .expect("timeout")
+        .expect("the chunk was taken while the CONNECT waited");
+    go_tx.send(true).unwrap();
+    let (r, _client) = timeout(WAIT, connecting)
+        .await
+        .expect("timeout")
+        .expect("task");
+    let (mut stream, _) = r.expect("connect");
+    stream.shutdown().await.expect("shutdown");
+    let mut back = Vec::new();
+    timeout(WAIT, stream.read_to_end(&mut back))
+        .await
+        .expect("timeout")
+        .expect("read");
+    assert_eq!(back, b"got:while waiting");
+}

@@ -212,8 +212,8 @@ pub(crate) struct Established {
 impl Inner {
     /// Resolve, authorize and connect; reports failures itself.
     ///
-    /// With `client`, whatever the client has already sent when the tunnel is requested goes behind the `CONNECT`
-    /// as early data (direct tunnels to a destination's node only; see [`read_early`]).
+    /// With `client`, whatever the client sends while the `CONNECT` waits for its response goes right behind it
+    /// as early data (direct tunnels to a destination's node only; see [`ClientEarly`]).
     pub(crate) async fn establish_outbound(
         self: &Arc<Self>,
         src: SocketAddr,
@@ -438,21 +438,9 @@ impl Inner {
         // not through a waypoint or a network gateway, whose CONNECT handling was not.
         let direct =
             inner.is_none() && resolved.waypoint.is_none() && resolved.network_gateway.is_none();
-        let early = match client.filter(|_| direct).map(read_early) {
-            Some(Ok(b)) => b,
-            None => Bytes::new(),
-            Some(Err(e)) => {
-                return Err(fail(
-                    &record,
-                    "client",
-                    "DC",
-                    OutboundError::Client(e.to_string()),
-                ));
-            }
-        };
-        let early_sent = early.len() as u64;
+        let mut early = client.filter(|_| direct).map(ClientEarly::new);
         let req = ConnectRequest {
-            early_data: early,
+            early_data: Bytes::new(),
             authority: inner
                 .as_ref()
                 .map_or_else(|| resolved.addr.to_string(), |i| i.authority.clone()),
@@ -493,7 +481,10 @@ impl Inner {
         };
         let inner_headers = req.headers.clone();
         let tunnel = async {
-            let (outer, _headers) = self.pool.connect(key, req, connect).await?;
+            let (outer, _headers) = match early.as_mut() {
+                Some(e) => self.pool.connect_with_early(key, req, e, connect).await?,
+                None => self.pool.connect(key, req, connect).await?,
+            };
             match inner {
                 None => Ok(outer),
                 Some(i) => {
@@ -511,7 +502,18 @@ impl Inner {
                 }
             }
         };
-        match tunnel.await {
+        let result = tunnel.await;
+        let (early_sent, client_error) = early.map_or((0, None), ClientEarly::finish);
+        if let Some(e) = client_error {
+            // The stream (if any) is dropped: h2 resets it.
+            return Err(fail(
+                &record,
+                "client",
+                "DC",
+                OutboundError::Client(e.to_string()),
+            ));
+        }
+        match result {
             Ok(stream) => Ok(Established {
                 record,
                 early_sent,
@@ -615,19 +617,64 @@ impl Inner {
     }
 }
 
-/// Most bytes sent as early data.
-const EARLY_DATA_MAX: usize = 16 * 1024;
+/// Most bytes sent as early data, and most read at once.
+const EARLY_DATA_MAX: usize = 64 * 1024;
+const EARLY_READ: usize = 16 * 1024;
 
-/// What the client has sent so far (at most [`EARLY_DATA_MAX`] bytes; nothing if it has sent nothing yet or has
-/// closed), read without waiting. A client that speaks first (HTTP, TLS) usually has: its bytes then leave with
-/// the `CONNECT` instead of a round trip later. A read error (the client reset) is returned: it is reported once,
-/// and a later read would find a clean end instead.
-fn read_early(client: &TcpStream) -> std::io::Result<Bytes> {
-    let mut buf = BytesMut::with_capacity(EARLY_DATA_MAX);
-    match client.try_read_buf(&mut buf) {
-        Ok(_) => Ok(buf.freeze()),
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(Bytes::new()),
-        Err(e) => Err(e),
+/// The captured client's socket as the source of a tunnel's early data: while the `CONNECT` waits for its response,
+/// whatever the client sends (up to [`EARLY_DATA_MAX`]) goes behind it at once instead of one round trip later. A
+/// client that speaks first (HTTP, TLS) usually has bytes on the way by then. A read error (the client reset) is
+/// kept for [`ClientEarly::finish`]: the kernel reports it once, and a later read would find a clean end instead.
+struct ClientEarly<'a> {
+    client: &'a TcpStream,
+    sent: usize,
+    error: Option<std::io::Error>,
+    done: bool,
+}
+
+impl<'a> ClientEarly<'a> {
+    fn new(client: &'a TcpStream) -> Self {
+        Self {
+            client,
+            sent: 0,
+            error: None,
+            done: false,
+        }
+    }
+
+    /// Bytes sent early, and the client's read error if there was one.
+    fn finish(self) -> (u64, Option<std::io::Error>) {
+        (self.sent as u64, self.error)
+    }
+}
+
+impl weft_hbone::EarlyData for ClientEarly<'_> {
+    fn poll_early(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Bytes>> {
+        use std::task::Poll;
+        while !self.done {
+            if let Err(e) = std::task::ready!(self.client.poll_read_ready(cx)) {
+                self.error = Some(e);
+                break;
+            }
+            let mut buf = BytesMut::with_capacity(EARLY_READ.min(EARLY_DATA_MAX - self.sent));
+            match self.client.try_read_buf(&mut buf) {
+                // The client half-closed: the relay will find the same end.
+                Ok(0) => break,
+                Ok(n) => {
+                    self.sent += n;
+                    self.done = self.sent >= EARLY_DATA_MAX;
+                    return Poll::Ready(Some(buf.freeze()));
+                }
+                // A stale readiness: wait for the next.
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => {
+                    self.error = Some(e);
+                    break;
+                }
+            }
+        }
+        self.done = true;
+        Poll::Ready(None)
     }
 }
 
