@@ -2,10 +2,12 @@
 //!
 //! rustls asks its transport for at most 4 KiB per read, so a 16 KiB TLS record costs four `recvfrom`
 //! calls (and as many trips through the reactor). Under a bulk transfer that is a large share of the
-//! proxy's CPU. [`ReadAhead`] sits between the socket and the TLS session: when the caller asks for
-//! less than the buffer holds it reads up to [`READ_AHEAD`] bytes from the socket at once and hands
-//! them out from memory; a caller that asks for at least that much reads the socket directly. Writes
-//! pass straight through.
+//! proxy's CPU. [`ReadAhead`] sits between the socket and the TLS session. Reads go straight into
+//! the caller's buffer until one fills it (more is likely waiting); then the next reads up to
+//! [`READ_AHEAD`] bytes from the socket at once and hands them out from memory, for as long as the
+//! socket has more than the caller asks for. Small messages so cost no allocation and no copy, and a
+//! caller that asks for at least [`READ_AHEAD`] always reads the socket directly. Writes pass straight
+//! through.
 //!
 //! The buffer is allocated (not zeroed) for each socket read that needs it and given back once it has
 //! been handed out entirely, so an idle connection holds none.
@@ -27,12 +29,19 @@ pub struct ReadAhead<S> {
     io: S,
     /// Bytes read from `io` and not yet handed out; `None` while there are none.
     buf: Option<BytesMut>,
+    /// The last socket read filled all the room it had: more is likely waiting, so the next read
+    /// goes through the buffer.
+    ahead: bool,
 }
 
 impl<S> ReadAhead<S> {
-    /// Wrap `io`; no buffer is allocated until the first read.
+    /// Wrap `io`; no buffer is allocated until reads show bytes are coming faster than asked for.
     pub fn new(io: S) -> Self {
-        Self { io, buf: None }
+        Self {
+            io,
+            buf: None,
+            ahead: false,
+        }
     }
 
     /// The wrapped stream.
@@ -58,33 +67,37 @@ impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
         out: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let buf = match &mut this.buf {
-            Some(b) if !b.is_empty() => b,
-            _ => {
-                if out.remaining() >= READ_AHEAD {
-                    // A large read gains nothing from the buffer: straight into the caller's.
-                    this.buf = None;
-                    return Pin::new(&mut this.io).poll_read(cx, out);
-                }
+        let want = out.remaining();
+        let mut buf = match this.buf.take() {
+            Some(b) => b,
+            None if !this.ahead || want >= READ_AHEAD => {
+                // Small messages (nothing more waiting) and large reads gain nothing from the
+                // buffer: straight into the caller's, with no allocation and no copy.
+                let before = out.filled().len();
+                ready!(Pin::new(&mut this.io).poll_read(cx, out))?;
+                let n = out.filled().len() - before;
+                this.ahead = n == want && want > 0 && want < READ_AHEAD;
+                return Poll::Ready(Ok(()));
+            }
+            None => {
                 // Not zeroed: `poll_read_buf` fills the spare capacity it is given.
-                let buf = this.buf.insert(BytesMut::with_capacity(READ_AHEAD));
-                let n = ready!(poll_read_buf(Pin::new(&mut this.io), cx, buf))?;
+                let mut b = BytesMut::with_capacity(READ_AHEAD);
+                let n = ready!(poll_read_buf(Pin::new(&mut this.io), cx, &mut b))?;
+                // Keep reading ahead only while the socket has more than the caller asks for.
+                this.ahead = n > want;
                 if n == 0 {
-                    // End of stream: nothing to keep.
-                    this.buf = None;
                     return Poll::Ready(Ok(()));
                 }
-                buf
+                b
             }
         };
-        let n = out.remaining().min(buf.len());
+        let n = want.min(buf.len());
         out.put_slice(&buf[..n]);
         buf.advance(n);
-        if buf.is_empty() {
-            // Handed out entirely: give the buffer back, so a connection that waits holds none (an
-            // allocation that is not zeroed costs little next to the read that will refill it).
-            this.buf = None;
+        if !buf.is_empty() {
+            this.buf = Some(buf);
         }
+        // Handed out entirely: the buffer is given back, so a connection that waits holds none.
         Poll::Ready(Ok(()))
     }
 }
@@ -178,7 +191,12 @@ mod tests {
             got.extend_from_slice(&chunk[..n]);
         }
         assert_eq!(got, data);
-        assert_eq!(ra.get_ref().reads, 1, "16 reads of 4 KiB, one socket read");
+        assert_eq!(
+            ra.get_ref().reads,
+            2,
+            "16 reads of 4 KiB: the first straight from the socket, the other 15 from one read ahead"
+        );
+        assert_eq!(ra.get_ref().asked, vec![4096, READ_AHEAD]);
         assert!(ra.buf.is_none(), "a drained buffer is given back");
     }
 
@@ -218,10 +236,56 @@ mod tests {
         assert_eq!(big, pattern(READ_AHEAD * 2, 2));
         assert_eq!(
             ra.get_ref().asked,
-            vec![READ_AHEAD, READ_AHEAD * 2],
-            "the large read went straight to the socket"
+            vec![4096, READ_AHEAD * 2],
+            "both reads went straight to the socket"
         );
         assert!(ra.buf.is_none());
+    }
+
+    #[tokio::test]
+    async fn small_messages_are_read_straight_into_the_callers_buffer() {
+        let chunks: Vec<Vec<u8>> = (0..20).map(|i| pattern(100 + i, i as u8)).collect();
+        let all = chunks.concat();
+        let mut ra = ReadAhead::new(script(chunks));
+        let mut got = Vec::new();
+        let mut chunk = [0u8; 4096];
+        for _ in 0..20 {
+            let n = ra.read(&mut chunk).await.unwrap();
+            got.extend_from_slice(&chunk[..n]);
+            assert!(ra.buf.is_none() && !ra.ahead, "no buffer for a short read");
+        }
+        assert_eq!(got, all);
+        assert_eq!(
+            ra.get_ref().asked,
+            vec![4096; 20],
+            "every read was the caller's own"
+        );
+    }
+
+    #[tokio::test]
+    async fn reading_ahead_stops_once_the_socket_has_no_more_than_asked() {
+        // 4 KiB fills the first read; a full 64 KiB read ahead; then a short one ends reading ahead.
+        let chunks = vec![
+            pattern(4096, 1),
+            pattern(READ_AHEAD, 2),
+            pattern(3000, 3),
+            pattern(50, 4),
+        ];
+        let all = chunks.concat();
+        let mut ra = ReadAhead::new(script(chunks));
+        let mut got = Vec::new();
+        let mut chunk = [0u8; 4096];
+        while got.len() < all.len() {
+            let n = ra.read(&mut chunk).await.unwrap();
+            got.extend_from_slice(&chunk[..n]);
+        }
+        assert_eq!(got, all);
+        assert_eq!(
+            ra.get_ref().asked,
+            vec![4096, READ_AHEAD, READ_AHEAD, 4096],
+            "direct, ahead, ahead (short: stop), direct"
+        );
+        assert!(!ra.ahead && ra.buf.is_none());
     }
 
     #[tokio::test]
