@@ -155,6 +155,8 @@ async fn drive<IO>(
 /// Bytes for a tunnel that arrive while its `CONNECT` waits for the response: each chunk offered
 /// is sent at once behind the `CONNECT` (early data), saving the round trip to the response.
 /// Used through [`H2Client::connect_with_early`] and [`Pool::connect_with_early`](crate::Pool::connect_with_early).
+/// A chunk is taken once: until the response comes, the client keeps it, so that a retry on
+/// another connection can send it again.
 pub trait EarlyData: Send {
     /// The next chunk to send now (`Pending`: none yet, the waker is called when there may be),
     /// or `Ready(None)`: nothing more will be offered (the source ended, failed or reached its
@@ -172,7 +174,8 @@ impl H2Client {
     /// [`Error::ResponseTimeout`], leaving the connection to its other streams.
     pub async fn connect(&self, req: ConnectRequest) -> Result<(H2Stream, HeaderMap), Error> {
         let guard = self.inner.counter.guard();
-        self.connect_with_guard(req, guard, None, &mut false).await
+        self.connect_with_guard(req, guard, None, &mut Vec::new())
+            .await
     }
 
     /// Like [`connect`](Self::connect), and while the response is awaited, what `early` offers
@@ -183,17 +186,19 @@ impl H2Client {
         early: &mut dyn EarlyData,
     ) -> Result<(H2Stream, HeaderMap), Error> {
         let guard = self.inner.counter.guard();
-        self.connect_with_guard(req, guard, Some(early), &mut false)
+        self.connect_with_guard(req, guard, Some(early), &mut Vec::new())
             .await
     }
 
-    /// Sets `sent_early` once any early data (the request's or `early`'s) was handed to h2.
+    /// `taken` holds the chunks `early_source` offered to earlier attempts of this tunnel, in order: they are
+    /// sent again first (a retry comes only where the peer cannot have delivered them), and every chunk taken
+    /// now is appended.
     pub(crate) async fn connect_with_guard(
         &self,
         mut req: ConnectRequest,
         guard: StreamDropGuard,
         mut early_source: Option<&mut (dyn EarlyData + '_)>,
-        sent_early: &mut bool,
+        taken: &mut Vec<Bytes>,
     ) -> Result<(H2Stream, HeaderMap), Error> {
         let authority = req.authority.clone();
         let early = std::mem::take(&mut req.early_data);
@@ -204,8 +209,7 @@ impl H2Client {
         let exchange = async {
             let mut sender = self.inner.sender.clone().ready().await?;
             let (mut response, mut send) = sender.send_request(request, false)?;
-            let mut offer = |send: &mut h2::SendStream<Bytes>, data: Bytes| {
-                *sent_early = true;
+            let offer = |send: &mut h2::SendStream<Bytes>, data: Bytes| {
                 if let Err(e) = send.send_data(data, false) {
                     // The stream already ended (the peer answered or reset it at once): the
                     // bytes have nowhere to go, and the response says what happened.
@@ -214,6 +218,9 @@ impl H2Client {
             };
             if !early.is_empty() {
                 offer(&mut send, early);
+            }
+            for chunk in taken.iter() {
+                offer(&mut send, chunk.clone());
             }
             let response = loop {
                 let next = std::future::poll_fn(|cx| {
@@ -232,7 +239,10 @@ impl H2Client {
                 .await;
                 match next {
                     Ok(r) => break r?,
-                    Err(data) => offer(&mut send, data),
+                    Err(data) => {
+                        taken.push(data.clone());
+                        offer(&mut send, data);
+                    }
                 }
             };
             Ok::<_, Error>((response, send))

@@ -158,7 +158,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
     /// Like [`connect`](Self::connect), sending what `early` offers while the response is awaited
     /// (see [`EarlyData`]). Once any early data went out, the stream is retried on another
     /// connection only where the peer cannot have delivered it
-    /// ([`Error::is_retryable_on_new_connection`]).
+    /// ([`Error::is_retryable_on_new_connection`]), and the retry sends every chunk taken so far
+    /// again, in order, before it takes more: the source gives each chunk once, so the tunnel
+    /// would otherwise lose them.
     pub async fn connect_with_early<F, Fut, E>(
         &self,
         key: K,
@@ -186,7 +188,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
         Fut: Future<Output = Result<H2Client, E>>,
         E: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let mut sent_early = false;
+        // The chunks `early` offered so far: a retry sends them again before asking for more.
+        let mut taken = Vec::new();
         let mut connect_fn = Some(connect_fn);
         let mut stale_retries = 0;
         loop {
@@ -199,18 +202,16 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
                 Some((c, g)) => (c, g, false),
                 None => self.create(&key, &mut connect_fn).await?,
             };
-            let attempt = client.connect_with_guard(
-                req.clone(),
-                guard,
-                early.as_deref_mut(),
-                &mut sent_early,
-            );
+            let attempt =
+                client.connect_with_guard(req.clone(), guard, early.as_deref_mut(), &mut taken);
             match attempt.await {
                 Ok(ok) => return Ok(ok),
                 Err(e) => {
                     let retry = !fresh
                         && stale_retries < MAX_STALE_RETRIES
-                        && e.is_retryable_on_new_connection(sent_early);
+                        && e.is_retryable_on_new_connection(
+                            !req.early_data.is_empty() || !taken.is_empty(),
+                        );
                     if retry || !client.is_ready() {
                         self.evict(&key, &client);
                     }

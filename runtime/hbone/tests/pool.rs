@@ -357,3 +357,95 @@ async fn a_connect_with_early_data_is_not_retried_after_its_connection_died() {
         }
     }
 }
+
+/// Offers its chunks one by one, then ends.
+struct Chunks(std::collections::VecDeque<bytes::Bytes>);
+
+impl weft_hbone::EarlyData for Chunks {
+    fn poll_early(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<bytes::Bytes>> {
+        std::task::Poll::Ready(self.0.pop_front())
+    }
+}
+
+/// A plain HTTP/2 server for one connection: it answers the first CONNECT with 200 (the pool's warm-up), and
+/// refuses every later one (`REFUSED_STREAM`) once the stream's first bytes have arrived, which it reports.
+async fn refusing_server() -> (
+    SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<bytes::Bytes>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (seen_tx, seen_rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.unwrap();
+        let mut conn = h2::server::handshake(tcp).await.unwrap();
+        let mut kept = Vec::new();
+        while let Some(Ok((req, mut respond))) = conn.accept().await {
+            if kept.is_empty() {
+                let ok = http::Response::builder().status(200).body(()).unwrap();
+                kept.push(respond.send_response(ok, false).unwrap());
+                continue;
+            }
+            let seen_tx = seen_tx.clone();
+            tokio::spawn(async move {
+                let mut body = req.into_body();
+                if let Some(Ok(first)) = body.data().await {
+                    let _ = seen_tx.send(first);
+                }
+                respond.send_reset(h2::Reason::REFUSED_STREAM);
+            });
+        }
+    });
+    (addr, seen_rx)
+}
+
+/// The peer refuses a CONNECT after its early data arrived: the CONNECT is retried on a new connection with the
+/// same bytes (the source gave them once; without them the tunnel would start in the middle of the client's
+/// data and the client would wait for an answer forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connect_is_retried_with_the_early_data_it_had_taken() {
+    let (refusing, mut seen) = refusing_server().await;
+    let echo = TestServer::echo(H2Config::default()).await;
+    let pool = Pool::new(PoolConfig::default());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (warm, _) = pool
+        .connect("k", req(), dialer(refusing, &calls, Duration::ZERO))
+        .await
+        .expect("connect");
+    let mut early = Chunks(
+        [&b"first "[..], b"second"]
+            .into_iter()
+            .map(bytes::Bytes::from_static)
+            .collect(),
+    );
+    // The pooled connection (to the refusing server) is tried first; the retry dials the echo server.
+    let (mut s, _) = timeout(
+        WAIT,
+        pool.connect_with_early(
+            "k",
+            req(),
+            &mut early,
+            dialer(echo.addr, &calls, Duration::ZERO),
+        ),
+    )
+    .await
+    .expect("timeout")
+    .expect("the refused CONNECT is retried");
+    let first = timeout(WAIT, seen.recv()).await.expect("timeout").unwrap();
+    assert!(
+        b"first second".starts_with(&first),
+        "the refusing server got {first:?}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "one new connection");
+    s.shutdown().await.expect("shutdown");
+    let mut back = Vec::new();
+    timeout(WAIT, s.read_to_end(&mut back))
+        .await
+        .expect("timeout")
+        .expect("read");
+    assert_eq!(back, b"first second", "the retry carried every early byte");
+    drop(warm);
+}
