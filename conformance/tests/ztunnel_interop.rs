@@ -68,6 +68,17 @@ async fn captured_round_trips(mesh: &MixedMesh, sizes: &[usize]) -> std::thread:
     echo
 }
 
+/// weft's access log line for the connection of `direction` that sent `len` bytes, once it is written.
+async fn logged(mesh: &MixedMesh, len: usize, direction: &str) -> serde_json::Value {
+    eventually(Duration::from_secs(10), "weft's access log", || async {
+        mesh.weft
+            .access_logs()
+            .into_iter()
+            .find(|l| l["bytes_sent"] == len && l["direction"] == direction)
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn weft_client_node_to_ztunnel_server_node() {
     let Some(bin) = ztunnel() else { return };
@@ -78,13 +89,7 @@ async fn weft_client_node_to_ztunnel_server_node() {
     let _echo = captured_round_trips(&mesh, &sizes).await;
     // weft counted every byte, the early ones included.
     for len in sizes {
-        let log = eventually(Duration::from_secs(10), "weft's access log", || async {
-            mesh.weft
-                .access_logs()
-                .into_iter()
-                .find(|l| l["bytes_sent"] == len && l["direction"] == "outbound")
-        })
-        .await;
+        let log = logged(&mesh, len, "outbound").await;
         assert_eq!(
             log["dst.hbone_addr"],
             format!("{}:15008", mesh.topo.server_ip),
@@ -152,13 +157,7 @@ async fn ztunnel_client_node_to_weft_server_node() {
     let sizes = [5, 40_000, 1_000_000];
     let _echo = captured_round_trips(&mesh, &sizes).await;
     for len in sizes {
-        let log = eventually(Duration::from_secs(10), "weft's access log", || async {
-            mesh.weft
-                .access_logs()
-                .into_iter()
-                .find(|l| l["bytes_sent"] == len && l["direction"] == "inbound")
-        })
-        .await;
+        let log = logged(&mesh, len, "inbound").await;
         assert_eq!(
             log["src.identity"], "spiffe://cluster.local/ns/default/sa/client",
             "{log}"
