@@ -440,12 +440,7 @@ async fn a_refused_connect_is_retried_with_the_early_data_it_had_taken() {
         "the refusing server got {first:?}"
     );
     assert_eq!(calls.load(Ordering::SeqCst), 2, "one new connection");
-    s.shutdown().await.expect("shutdown");
-    let mut back = Vec::new();
-    timeout(WAIT, s.read_to_end(&mut back))
-        .await
-        .expect("timeout")
-        .expect("read");
+    let back = common::finish(&mut s).await;
     assert_eq!(back, b"first second", "the retry carried every early byte");
     drop(warm);
 }

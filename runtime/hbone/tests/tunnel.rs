@@ -387,12 +387,7 @@ async fn early_data_goes_with_the_connect_and_comes_first() {
     let (mut stream, _) = client.connect(req).await.expect("connect");
     // The early bytes were sent by `connect` itself; what the stream writes follows them.
     stream.write_all(b"\r\n").await.expect("write");
-    stream.shutdown().await.expect("shutdown");
-    let mut back = Vec::new();
-    timeout(WAIT, stream.read_to_end(&mut back))
-        .await
-        .expect("timeout")
-        .expect("read");
+    let back = common::finish(&mut stream).await;
     assert_eq!(back, b"got:GET / HTTP/1.1\r\n\r\n");
 }
 
@@ -425,12 +420,7 @@ async fn early_data_of_a_refused_connect_is_dropped_with_its_stream() {
         .connect(ConnectRequest::new("10.0.0.1:80").with_early_data(early.clone()))
         .await
         .expect("connect");
-    stream.shutdown().await.expect("shutdown");
-    let mut back = Vec::new();
-    timeout(WAIT, stream.read_to_end(&mut back))
-        .await
-        .expect("timeout")
-        .expect("read");
+    let back = common::finish(&mut stream).await;
     assert_eq!(back, [b"got:", &early[..]].concat());
 }
 
@@ -504,11 +494,6 @@ async fn bytes_that_arrive_while_the_connect_waits_go_before_its_response() {
         .expect("timeout")
         .expect("task");
     let (mut stream, _) = r.expect("connect");
-    stream.shutdown().await.expect("shutdown");
-    let mut back = Vec::new();
-    timeout(WAIT, stream.read_to_end(&mut back))
-        .await
-        .expect("timeout")
-        .expect("read");
+    let back = common::finish(&mut stream).await;
     assert_eq!(back, b"got:while waiting");
 }

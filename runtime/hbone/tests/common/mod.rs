@@ -171,6 +171,17 @@ pub async fn dial(addr: SocketAddr, cfg: &H2Config) -> Result<H2Client, Error> {
     weft_hbone::handshake(tcp, cfg).await
 }
 
+/// Half-closes `stream` and reads what comes back until the peer closes its side.
+pub async fn finish(stream: &mut weft_hbone::H2Stream) -> Vec<u8> {
+    stream.shutdown().await.expect("shutdown");
+    let mut back = Vec::new();
+    tokio::time::timeout(WAIT, stream.read_to_end(&mut back))
+        .await
+        .expect("timeout")
+        .expect("read");
+    back
+}
+
 /// Deterministic test payload: byte `i` of the stream is a function of `i` and `seed`.
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
