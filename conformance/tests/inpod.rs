@@ -129,6 +129,7 @@ impl Mesh {
         } else {
             ("node-a", &self.nodes.a, &self.agent_a)
         };
+        let before = agent.events().snapshots;
         let mut n = spawn_weft(
             name,
             &ns.name,
@@ -139,6 +140,13 @@ impl Mesh {
             more,
         );
         n.wait_ready(WAIT).await.unwrap();
+        // weft is ready once it has acked the agent's snapshot, and the agent takes the connection as the one to
+        // send new pods to only after it has read that ack: a test that adds a pod right away waits for that.
+        agent
+            .wait("weft's connection to take the snapshot", |e| {
+                e.snapshots > before
+            })
+            .await;
         n
     }
 }
