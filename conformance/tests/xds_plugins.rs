@@ -439,8 +439,9 @@ async fn a_version_that_starts_trapping_is_rolled_back_and_reported_a_healthy_on
     assert_eq!(logged["plugin"], "canary", "{logged}");
     assert_eq!(logged["rolled_back"], misbehave_sha.as_str(), "{logged}");
     assert!(logged["failures"].as_u64().unwrap() >= 2, "{logged}");
-    // Node A never called it (inbound only): no rollback there.
-    let da = mesh.a.config_dump().await.unwrap();
+    // Node A never called it (inbound only): no rollback there. (Node A applies the push on its own time: wait
+    // for it to serve the version instead of reading its dump once.)
+    let da = until_serving(&mesh.a, "canary", &misbehave_sha).await;
     assert_eq!(
         plugin(&da, "canary").unwrap()["sha256"],
         misbehave_sha.as_str(),
