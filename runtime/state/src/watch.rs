@@ -6,10 +6,16 @@
 //! replaces the state; a bad edit (or a removed or emptied file) is logged and recorded on the store, and the last
 //! good state keeps being served. An empty file is accepted at startup (an empty config) but refused on reload,
 //! where it is far more likely an editor's in-place rewrite than a wish to drop every workload.
+//!
+//! Most polls find nothing new, so a poll first looks at the file's metadata (one `stat`) and reads it only when
+//! that changed, when a change is waiting for its second look, or when the last read may have raced a write (the
+//! file was modified within [`SETTLE`] of that read: timestamps are coarse, so a same-size rewrite in the same tick
+//! would leave the metadata as it was). An idle node then reads its config once, not four times a second.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use sha2::{Digest, Sha256};
 use tokio::task::JoinHandle;
@@ -73,6 +79,75 @@ impl Observation {
     }
 }
 
+/// How long after a file's last modification a read of it is taken as final: longer than any timestamp
+/// granularity, so a write after that read must move the modification or change time.
+pub(crate) const SETTLE: Duration = Duration::from_secs(1);
+
+/// What a `stat` tells about the file: anything that a write, a replace (rename over it) or a truncation changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    /// The file's stamp, or `None` when it cannot be looked at (then it is read, and the read reports why).
+    ///
+    /// A plain `stat` on the runtime's thread: a few microseconds on a local file, cheaper than handing the call
+    /// to the blocking pool.
+    fn of(path: &Path) -> Option<Stamp> {
+        let m = std::fs::metadata(path).ok()?;
+        Some(Stamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
+    }
+
+    /// The later of the modification and change times.
+    fn changed_at(&self) -> SystemTime {
+        let at = |(s, ns): (i64, i64)| {
+            let secs = Duration::from_secs(s.unsigned_abs())
+                + Duration::from_nanos(u64::try_from(ns).unwrap_or(0));
+            if s >= 0 {
+                SystemTime::UNIX_EPOCH + secs
+            } else {
+                SystemTime::UNIX_EPOCH - secs
+            }
+        };
+        at(self.mtime).max(at(self.ctime))
+    }
+}
+
+/// The stamp the file had just before its last read, and when that read happened.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LastRead {
+    stamp: Stamp,
+    at: SystemTime,
+}
+
+/// Whether this poll must read the file, given its stamp now and the last read. It may skip the read only when
+/// nothing is waiting for a second look, the stamp is the one the last read saw, and that read came well after the
+/// file's last change (else a same-size write in the same timestamp tick could be hiding behind an unchanged stamp).
+pub(crate) fn must_read(now: Option<Stamp>, last: Option<LastRead>, pending: bool) -> bool {
+    let (Some(now), Some(last)) = (now, last) else {
+        return true;
+    };
+    if pending || now != last.stamp {
+        return true;
+    }
+    match last.at.duration_since(now.changed_at()) {
+        Ok(settled) => settled < SETTLE,
+        // Changed after the read (a clock step): look again.
+        Err(_) => true,
+    }
+}
+
 async fn observe(path: &Path) -> Observation {
     match tokio::fs::read(path).await {
         Ok(bytes) => Observation::Content {
@@ -91,6 +166,7 @@ async fn run(
 ) {
     let mut handled: Option<Seen> = applied.map(Seen::Content);
     let mut pending: Option<Seen> = None;
+    let mut last_read: Option<LastRead> = None;
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     debug!(path = %path.display(), ?interval, "watching config file");
@@ -100,7 +176,12 @@ async fn run(
             debug!(path = %path.display(), "state store dropped; config watcher stops");
             return;
         }
-        poll_once(&path, &store, &mut handled, &mut pending, &mut applied).await;
+        let stamp = Stamp::of(&path);
+        if must_read(stamp, last_read, pending.is_some()) {
+            let at = SystemTime::now();
+            poll_once(&path, &store, &mut handled, &mut pending, &mut applied).await;
+            last_read = stamp.map(|stamp| LastRead { stamp, at });
+        }
         store.count_source_check();
     }
 }
@@ -202,4 +283,84 @@ fn refuse(store: &StateStore, e: &ConfigError) {
         "config edit refused; still serving the last good config"
     );
     store.record_error(message);
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code: a panic fails the test
+
+    use super::*;
+
+    fn stamp(len: u64, mtime_s: i64) -> Stamp {
+        Stamp {
+            dev: 1,
+            ino: 2,
+            len,
+            mtime: (mtime_s, 500),
+            ctime: (mtime_s, 500),
+        }
+    }
+
+    fn read_at(stamp: Stamp, secs_after_epoch: u64) -> Option<LastRead> {
+        Some(LastRead {
+            stamp,
+            at: SystemTime::UNIX_EPOCH + Duration::from_secs(secs_after_epoch),
+        })
+    }
+
+    #[test]
+    fn a_poll_skips_the_read_only_for_a_settled_unchanged_file() {
+        let s = stamp(10, 1_000);
+        // Never read, or the file cannot be looked at: read.
+        assert!(must_read(Some(s), None, false));
+        assert!(must_read(None, read_at(s, 2_000), false));
+        // Unchanged and read long after its last change: skip.
+        assert!(!must_read(Some(s), read_at(s, 2_000), false));
+        assert!(!must_read(Some(s), read_at(s, 1_002), false));
+        // A change waits for its second look: read even though the stamp did not move.
+        assert!(must_read(Some(s), read_at(s, 2_000), true));
+        // Any field of the stamp moved: read.
+        assert!(must_read(Some(stamp(11, 1_000)), read_at(s, 2_000), false));
+        assert!(must_read(Some(stamp(10, 1_001)), read_at(s, 2_000), false));
+        let renamed = Stamp { ino: 3, ..s };
+        assert!(must_read(Some(renamed), read_at(s, 2_000), false));
+        let chmod = Stamp {
+            ctime: (1_500, 0),
+            ..s
+        };
+        assert!(must_read(Some(chmod), read_at(s, 2_000), false));
+    }
+
+    #[test]
+    fn a_read_close_to_the_last_change_is_not_trusted() {
+        let s = stamp(10, 1_000);
+        // Read in the same second as the change (mtime 1000.0000005 s, read at 1000 s: even before it): a write in
+        // the same timestamp tick would not move the stamp, so keep reading until the change has settled.
+        assert!(must_read(Some(s), read_at(s, 1_000), false));
+        assert!(must_read(Some(s), read_at(s, 1_001), false));
+        assert!(!must_read(Some(s), read_at(s, 1_002), false));
+    }
+
+    #[test]
+    fn the_stamp_of_a_real_file_follows_in_place_writes_and_replacements() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(&path, "a: 1\n").unwrap();
+        let first = Stamp::of(&path).unwrap();
+        assert_eq!(Stamp::of(&path), Some(first), "nothing changed");
+        std::fs::write(&path, "a: 22\n").unwrap();
+        let second = Stamp::of(&path).unwrap();
+        assert_ne!(second, first, "a longer in-place write");
+        let tmp = dir.path().join("c.swp");
+        std::fs::write(&tmp, "a: 33\n").unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        assert_ne!(
+            Stamp::of(&path),
+            Some(second),
+            "a same-size replacement (new inode)"
+        );
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(Stamp::of(&path), None, "gone");
+        assert!(first.changed_at() > SystemTime::UNIX_EPOCH);
+    }
 }
