@@ -243,6 +243,15 @@ pub struct RunArgs {
     /// code and memory never stay resident in the node; in-process: in the node itself.
     #[arg(long, env = "WEFT_PLUGIN_COMPILER", value_enum, default_value_t = PluginCompiler::Subprocess)]
     pub plugin_compiler: PluginCompiler,
+    /// How long telemetry events may gather before the telemetry thread hands them to the telemetry plugins (after
+    /// a quiet spell an event goes at once). Longer: fewer wake-ups and larger batches under load; an event (a
+    /// metric update, a plugin's access log line) waits at most this long.
+    #[arg(long, env = "WEFT_PLUGIN_TELEMETRY_LINGER", default_value = "5ms", value_parser = humantime::parse_duration)]
+    pub plugin_telemetry_linger: Duration,
+    /// The plugin engine's epoch tick: how often a running guest call's deadline is checked (a call overrunning its
+    /// deadline is interrupted within about a tick). The ticker runs only while calls do.
+    #[arg(long, env = "WEFT_PLUGIN_EPOCH_TICK", default_value = "1ms", value_parser = parse_epoch_tick)]
+    pub plugin_epoch_tick: Duration,
     /// A plugin compile still running after this is stopped and the plugin version rejected.
     #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
     pub plugin_compile_timeout: Duration,
@@ -358,6 +367,24 @@ impl CaArgs {
     }
 }
 
+/// An epoch tick: at least 100 µs (finer ticks cost more wake-ups than they buy), at most the 10 ms call
+/// deadline (a coarser tick could not enforce it).
+fn parse_epoch_tick(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))?;
+    let (min, max) = (
+        Duration::from_micros(100),
+        weft_plugin_host::HostConfig::default().call_deadline,
+    );
+    if d < min || d > max {
+        return Err(format!(
+            "{s} is not within {} and {}",
+            humantime::format_duration(min),
+            humantime::format_duration(max)
+        ));
+    }
+    Ok(d)
+}
+
 fn parse_ratio(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
     if (0.0..=1.0).contains(&v) {
@@ -374,4 +401,52 @@ pub enum PluginCompiler {
     Subprocess,
     /// The node process.
     InProcess,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code: a panic fails the test
+
+    use clap::Parser;
+
+    use super::*;
+
+    fn run_args(extra: &[&str]) -> Result<RunArgs, clap::Error> {
+        let argv = ["weft", "run", "--node", "n1", "--config", "/dev/null"];
+        let cli = Cli::try_parse_from(argv.iter().chain(extra))?;
+        match cli.command {
+            Command::Run(args) => Ok(*args),
+            _ => panic!("not `weft run`"),
+        }
+    }
+
+    #[test]
+    fn plugin_timing_flags_default_and_parse() {
+        let args = run_args(&[]).unwrap();
+        let defaults = weft_plugin_host::HostConfig::default();
+        assert_eq!(args.plugin_telemetry_linger, defaults.telemetry_linger);
+        assert_eq!(args.plugin_epoch_tick, defaults.epoch_tick);
+        let args = run_args(&[
+            "--plugin-telemetry-linger",
+            "50ms",
+            "--plugin-epoch-tick",
+            "2ms",
+        ])
+        .unwrap();
+        assert_eq!(args.plugin_telemetry_linger, Duration::from_millis(50));
+        assert_eq!(args.plugin_epoch_tick, Duration::from_millis(2));
+    }
+
+    #[test]
+    fn an_epoch_tick_outside_what_can_enforce_the_call_deadline_is_refused() {
+        for bad in ["0s", "50us", "11ms", "1s", "soon"] {
+            let err = run_args(&["--plugin-epoch-tick", bad]).unwrap_err();
+            assert!(
+                err.to_string().contains("--plugin-epoch-tick"),
+                "{bad}: {err}"
+            );
+        }
+        assert!(run_args(&["--plugin-epoch-tick", "100us"]).is_ok());
+        assert!(run_args(&["--plugin-epoch-tick", "10ms"]).is_ok());
+    }
 }

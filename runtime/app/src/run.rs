@@ -172,6 +172,8 @@ fn plugin_host_config(args: &RunArgs) -> HostConfig {
             disabled: args.plugin_rollout_window.is_zero(),
         },
         prewarm_instances: instances,
+        telemetry_linger: args.plugin_telemetry_linger,
+        epoch_tick: args.plugin_epoch_tick,
         max_idle_per_plugin: defaults.max_idle_per_plugin.max(instances),
         ..defaults
     }
