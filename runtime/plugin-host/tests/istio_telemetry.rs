@@ -14,40 +14,12 @@ use weft_hooks::{
 };
 use weft_plugin_host::testing::{Harness, build_plugin, conn, workload};
 
+mod istio_labels;
+use istio_labels::ZTUNNEL_LABELS;
+
 fn wasm() -> PathBuf {
     build_plugin("plugins/istio-telemetry").expect("build istio-telemetry")
 }
-
-/// ztunnel's traffic labels, in its order (`CommonTrafficLabels` in istio/ztunnel src/proxy/metrics.rs).
-const ZTUNNEL_LABELS: [&str; 27] = [
-    "reporter",
-    "source_workload",
-    "source_canonical_service",
-    "source_canonical_revision",
-    "source_workload_namespace",
-    "source_principal",
-    "source_app",
-    "source_version",
-    "source_cluster",
-    "destination_service",
-    "destination_service_namespace",
-    "destination_service_name",
-    "destination_workload",
-    "destination_canonical_service",
-    "destination_canonical_revision",
-    "destination_workload_namespace",
-    "destination_principal",
-    "destination_app",
-    "destination_version",
-    "destination_cluster",
-    "request_protocol",
-    "response_flags",
-    "connection_security_policy",
-    "source_region",
-    "source_zone",
-    "destination_region",
-    "destination_zone",
-];
 
 const COUNTERS: [&str; 5] = [
     "istio_tcp_connections_opened_total",

@@ -1,0 +1,32 @@
+//! Istio's TCP metric labels as ztunnel writes them, shared by the telemetry tests and the telemetry bench.
+
+/// ztunnel's traffic labels, in its order (`CommonTrafficLabels` in istio/ztunnel src/proxy/metrics.rs).
+pub const ZTUNNEL_LABELS: [&str; 27] = [
+    "reporter",
+    "source_workload",
+    "source_canonical_service",
+    "source_canonical_revision",
+    "source_workload_namespace",
+    "source_principal",
+    "source_app",
+    "source_version",
+    "source_cluster",
+    "destination_service",
+    "destination_service_namespace",
+    "destination_service_name",
+    "destination_workload",
+    "destination_canonical_service",
+    "destination_canonical_revision",
+    "destination_workload_namespace",
+    "destination_principal",
+    "destination_app",
+    "destination_version",
+    "destination_cluster",
+    "request_protocol",
+    "response_flags",
+    "connection_security_policy",
+    "source_region",
+    "source_zone",
+    "destination_region",
+    "destination_zone",
+];
