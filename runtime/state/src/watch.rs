@@ -81,15 +81,17 @@ impl Observation {
 
 /// How long after a file's last modification a read of it is taken as final: longer than any timestamp
 /// granularity, so a write after that read must move the modification or change time.
-pub(crate) const SETTLE: Duration = Duration::from_secs(1);
+const SETTLE: Duration = Duration::from_secs(1);
 
 /// What a `stat` tells about the file: anything that a write, a replace (rename over it) or a truncation changes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Stamp {
+struct Stamp {
     dev: u64,
     ino: u64,
     len: u64,
-    mtime: (i64, i64),
+    /// Last content change: what a racing write would have to move.
+    mtime: SystemTime,
+    /// Last inode change (seconds, nanoseconds), compared only: it also moves on renames and `chmod`.
     ctime: (i64, i64),
 }
 
@@ -104,29 +106,15 @@ impl Stamp {
             dev: m.dev(),
             ino: m.ino(),
             len: m.len(),
-            mtime: (m.mtime(), m.mtime_nsec()),
+            mtime: m.modified().ok()?,
             ctime: (m.ctime(), m.ctime_nsec()),
         })
-    }
-
-    /// The later of the modification and change times.
-    fn changed_at(&self) -> SystemTime {
-        let at = |(s, ns): (i64, i64)| {
-            let secs = Duration::from_secs(s.unsigned_abs())
-                + Duration::from_nanos(u64::try_from(ns).unwrap_or(0));
-            if s >= 0 {
-                SystemTime::UNIX_EPOCH + secs
-            } else {
-                SystemTime::UNIX_EPOCH - secs
-            }
-        };
-        at(self.mtime).max(at(self.ctime))
     }
 }
 
 /// The stamp the file had just before its last read, and when that read happened.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct LastRead {
+struct LastRead {
     stamp: Stamp,
     at: SystemTime,
 }
@@ -134,14 +122,14 @@ pub(crate) struct LastRead {
 /// Whether this poll must read the file, given its stamp now and the last read. It may skip the read only when
 /// nothing is waiting for a second look, the stamp is the one the last read saw, and that read came well after the
 /// file's last change (else a same-size write in the same timestamp tick could be hiding behind an unchanged stamp).
-pub(crate) fn must_read(now: Option<Stamp>, last: Option<LastRead>, pending: bool) -> bool {
+fn must_read(now: Option<Stamp>, last: Option<LastRead>, pending: bool) -> bool {
     let (Some(now), Some(last)) = (now, last) else {
         return true;
     };
     if pending || now != last.stamp {
         return true;
     }
-    match last.at.duration_since(now.changed_at()) {
+    match last.at.duration_since(now.mtime) {
         Ok(settled) => settled < SETTLE,
         // Changed after the read (a clock step): look again.
         Err(_) => true,
@@ -291,13 +279,13 @@ mod tests {
 
     use super::*;
 
-    fn stamp(len: u64, mtime_s: i64) -> Stamp {
+    fn stamp(len: u64, mtime_s: u64) -> Stamp {
         Stamp {
             dev: 1,
             ino: 2,
             len,
-            mtime: (mtime_s, 500),
-            ctime: (mtime_s, 500),
+            mtime: SystemTime::UNIX_EPOCH + Duration::new(mtime_s, 500),
+            ctime: (i64::try_from(mtime_s).unwrap(), 500),
         }
     }
 
@@ -361,6 +349,6 @@ mod tests {
         );
         std::fs::remove_file(&path).unwrap();
         assert_eq!(Stamp::of(&path), None, "gone");
-        assert!(first.changed_at() > SystemTime::UNIX_EPOCH);
+        assert!(first.mtime > SystemTime::UNIX_EPOCH);
     }
 }
