@@ -1,6 +1,7 @@
 //! What every connection does once it is established or has failed, whichever listener it came from: tracking,
 //! hooks (open/close), metrics and the access log.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -55,29 +56,33 @@ impl Inner {
     ///
     /// `epoch` is the tracker's policy epoch read before the connection was authorized: if a re-check started
     /// since, it may have missed this connection (not registered yet), so it is authorized again here.
-    pub(crate) async fn run<SR, SW, DR, DW>(
-        self: &Arc<Self>,
+    ///
+    /// Like [`run_after_early`](Self::run_after_early), this returns the connection's future rather than being an
+    /// `async fn`: an `async fn` holds its arguments twice in its state, which lives as long as the connection.
+    pub(crate) fn run<'a, SR, SW, DR, DW>(
+        self: &'a Arc<Self>,
         record: Arc<ConnectionRecord>,
         epoch: u64,
         transport: Transport,
         via: Via,
         src: Halves<SR, SW>,
         dst: Halves<DR, DW>,
-    ) where
-        SR: RelayRead,
-        SW: RelayWrite,
-        DR: RelayRead,
-        DW: RelayWrite,
+    ) -> impl Future<Output = ()> + Send + 'a
+    where
+        SR: RelayRead + 'a,
+        SW: RelayWrite + 'a,
+        DR: RelayRead + 'a,
+        DW: RelayWrite + 'a,
     {
         self.run_after_early(record, epoch, 0, transport, via, src, dst)
-            .await
     }
 
     /// [`run`](Self::run) for a connection whose first `early_sent` source bytes went upstream before it was
     /// established (early data behind an HBONE `CONNECT`): they count as sent.
     #[allow(clippy::too_many_arguments)] // `run`'s, plus the early bytes
-    pub(crate) async fn run_after_early<SR, SW, DR, DW>(
-        self: &Arc<Self>,
+    #[allow(clippy::manual_async_fn)] // an `async fn` would hold its arguments twice (see above)
+    pub(crate) fn run_after_early<'a, SR, SW, DR, DW>(
+        self: &'a Arc<Self>,
         record: Arc<ConnectionRecord>,
         epoch: u64,
         early_sent: u64,
@@ -85,78 +90,81 @@ impl Inner {
         via: Via,
         src: Halves<SR, SW>,
         dst: Halves<DR, DW>,
-    ) where
-        SR: RelayRead,
-        SW: RelayWrite,
-        DR: RelayRead,
-        DW: RelayWrite,
+    ) -> impl Future<Output = ()> + Send + 'a
+    where
+        SR: RelayRead + 'a,
+        SW: RelayWrite + 'a,
+        DR: RelayRead + 'a,
+        DW: RelayWrite + 'a,
     {
-        let ctl = Arc::new(ConnControl::default());
-        let _guard = self.tracker.register(record.clone(), ctl.clone());
-        if self.tracker.policy_epoch() != epoch
-            && let v @ Verdict::Deny { .. } = self.hooks.authorize(&record)
-        {
-            tracing::info!(conn = record.id, verdict = ?v, "policy changed while connecting: closing connection now denied");
-            ctl.deny(v);
+        async move {
+            let ctl = Arc::new(ConnControl::default());
+            let _guard = self.tracker.register(record.clone(), ctl.clone());
+            if self.tracker.policy_epoch() != epoch
+                && let v @ Verdict::Deny { .. } = self.hooks.authorize(&record)
+            {
+                tracing::info!(conn = record.id, verdict = ?v, "policy changed while connecting: closing connection now denied");
+                ctl.deny(v);
+            }
+            let labels = Self::labels(&record, transport);
+            self.metrics.opened.get_or_create(&labels).inc();
+            let active = self.metrics.active.get_or_create(&labels).clone();
+            active.inc();
+            self.hooks.on_open(&record);
+            tracing::debug!(conn = record.id, src = %record.src, dst = %record.dst, direction = record.direction.as_str(), transport, "connection established");
+            // Held in the connection's future, not allocated beside it: only the relay reads it while it runs.
+            let counters = Counters::default();
+            counters
+                .sent
+                .store(early_sent, std::sync::atomic::Ordering::Relaxed);
+            let end = relay(
+                src.0,
+                src.1,
+                dst.0,
+                dst.1,
+                &counters,
+                &ctl,
+                self.cfg.idle_timeout,
+            )
+            .await;
+            active.dec();
+            let sent = counters.sent.load(std::sync::atomic::Ordering::Relaxed);
+            let received = counters.received.load(std::sync::atomic::Ordering::Relaxed);
+            self.metrics.closed.get_or_create(&labels).inc();
+            self.metrics.sent_bytes.get_or_create(&labels).inc_by(sent);
+            self.metrics
+                .received_bytes
+                .get_or_create(&labels)
+                .inc_by(received);
+            let (verdict, error, flags) = match (end, ctl.denied()) {
+                (_, Some(v)) => {
+                    self.metrics.rechecks_closed.inc();
+                    let reason = match &v {
+                        Verdict::Deny { by, reason } => {
+                            format!("closed by policy re-check: {by}: {reason}")
+                        }
+                        Verdict::Allow => "closed by policy re-check".to_owned(),
+                    };
+                    (v, Some(reason), "DENY")
+                }
+                (RelayEnd::Done, None) => (Verdict::Allow, None, "-"),
+                (RelayEnd::Error(e), None) => (Verdict::Allow, Some(e), "-"),
+                (RelayEnd::Idle, None) => (Verdict::Allow, Some("idle timeout".to_owned()), "-"),
+                (RelayEnd::Cancelled, None) => {
+                    (Verdict::Allow, Some("closed by drain".to_owned()), "-")
+                }
+            };
+            let close = CloseRecord {
+                bytes_sent: sent,
+                bytes_received: received,
+                duration: counters.elapsed(),
+                verdict,
+                error,
+                response_flags: flags,
+            };
+            self.hooks.on_close(&record, &close);
+            access_log(&record, via, &close);
         }
-        let labels = Self::labels(&record, transport);
-        self.metrics.opened.get_or_create(&labels).inc();
-        let active = self.metrics.active.get_or_create(&labels).clone();
-        active.inc();
-        self.hooks.on_open(&record);
-        tracing::debug!(conn = record.id, src = %record.src, dst = %record.dst, direction = record.direction.as_str(), transport, "connection established");
-        // Held in the connection's future, not allocated beside it: only the relay reads it while it runs.
-        let counters = Counters::default();
-        counters
-            .sent
-            .store(early_sent, std::sync::atomic::Ordering::Relaxed);
-        let end = relay(
-            src.0,
-            src.1,
-            dst.0,
-            dst.1,
-            &counters,
-            &ctl,
-            self.cfg.idle_timeout,
-        )
-        .await;
-        active.dec();
-        let sent = counters.sent.load(std::sync::atomic::Ordering::Relaxed);
-        let received = counters.received.load(std::sync::atomic::Ordering::Relaxed);
-        self.metrics.closed.get_or_create(&labels).inc();
-        self.metrics.sent_bytes.get_or_create(&labels).inc_by(sent);
-        self.metrics
-            .received_bytes
-            .get_or_create(&labels)
-            .inc_by(received);
-        let (verdict, error, flags) = match (end, ctl.denied()) {
-            (_, Some(v)) => {
-                self.metrics.rechecks_closed.inc();
-                let reason = match &v {
-                    Verdict::Deny { by, reason } => {
-                        format!("closed by policy re-check: {by}: {reason}")
-                    }
-                    Verdict::Allow => "closed by policy re-check".to_owned(),
-                };
-                (v, Some(reason), "DENY")
-            }
-            (RelayEnd::Done, None) => (Verdict::Allow, None, "-"),
-            (RelayEnd::Error(e), None) => (Verdict::Allow, Some(e), "-"),
-            (RelayEnd::Idle, None) => (Verdict::Allow, Some("idle timeout".to_owned()), "-"),
-            (RelayEnd::Cancelled, None) => {
-                (Verdict::Allow, Some("closed by drain".to_owned()), "-")
-            }
-        };
-        let close = CloseRecord {
-            bytes_sent: sent,
-            bytes_received: received,
-            duration: counters.elapsed(),
-            verdict,
-            error,
-            response_flags: flags,
-        };
-        self.hooks.on_close(&record, &close);
-        access_log(&record, via, &close);
     }
 
     /// Ask the policy plugins about an inbound connection; a denial is logged and reported here.

@@ -3,6 +3,7 @@
 //! tunnelled connection: authority checked, policy asked, the local workload dialled (on its application tunnel's
 //! port, with a PROXY v2 header first when it asks for one), bytes copied.
 
+use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
@@ -156,21 +157,38 @@ impl Inner {
             .map(|w| (w.clone(), dst))
     }
 
-    async fn handle_hbone_stream(
+    /// One CONNECT stream on an accepted HBONE connection, from its request to the end of its relay.
+    fn handle_hbone_stream(
         self: Arc<Self>,
         req: InboundRequest,
         peer: SocketAddr,
         local: SocketAddr,
         served_id: SpiffeId,
         peer_id: Arc<str>,
-    ) {
-        // Setting up (routing, policy, dialling the workload) is boxed: its state is on the heap only while it runs,
-        // so an established connection's task holds the relay's state and nothing of its setup (nor the state
-        // snapshot it routed with).
-        let setup = Box::pin(self.setup_hbone_stream(req, peer, local, served_id, peer_id));
-        let Some(s) = setup.await else { return };
-        self.run(s.record, s.epoch, "hbone", s.via, s.tunnel, s.upstream)
-            .await;
+    ) -> impl Future<Output = ()> + Send {
+        // Setting up (routing, policy, dialling the workload) is boxed: its state, the request included, is on the
+        // heap only while it runs, so an established connection's task holds the relay's state and nothing of its
+        // setup (nor the state snapshot it routed with). The setup is built here, outside the stream's future: an
+        // `async fn` (or a block capturing the request) would keep the arguments for the stream's whole life.
+        let me = self.clone();
+        let setup = Box::pin(async move {
+            me.setup_hbone_stream(req, peer, local, served_id, peer_id)
+                .await
+        });
+        async move {
+            let Some(InboundSetup {
+                record,
+                epoch,
+                via,
+                tunnel,
+                upstream,
+            }) = setup.await
+            else {
+                return;
+            };
+            self.run(record, epoch, "hbone", via, tunnel, upstream)
+                .await;
+        }
     }
 
     /// Everything up to the relay of one CONNECT stream; `None` when it was refused or failed (reported here).

@@ -1,10 +1,12 @@
 //! Outbound: a local workload's connection (captured on 15001, or asked for over SOCKS5) is resolved against the
 //! state, checked by egress policy, and sent over a pooled HBONE tunnel (mesh destinations) or plain TCP.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
+use futures_util::future::Either;
 use tokio::net::TcpStream;
 use weft_hbone::{ConnectRequest, H2Stream, SharedError};
 use weft_hooks::{ConnectionRecord, Direction, Verdict};
@@ -559,59 +561,80 @@ impl Inner {
     }
 
     /// Relay an established outbound connection to its end.
-    pub(crate) async fn run_outbound(self: &Arc<Self>, client: TcpStream, est: Established) {
+    pub(crate) fn run_outbound(
+        self: &Arc<Self>,
+        client: TcpStream,
+        est: Established,
+    ) -> impl Future<Output = ()> + Send + '_ {
+        // Built here rather than in an `async fn` (which would hold `client` and `est` beside the connection's
+        // future for its whole life): each arm's future owns what it needs, once.
         let (cr, cw) = client.into_split();
-        match est.upstream {
+        let Established {
+            record,
+            epoch,
+            early_sent,
+            upstream,
+        } = est;
+        match upstream {
             Upstream::Hbone(stream, addr) => {
                 let (ur, uw) = stream.into_split();
-                self.run_after_early(
-                    est.record,
-                    est.epoch,
-                    est.early_sent,
+                Either::Left(self.run_after_early(
+                    record,
+                    epoch,
+                    early_sent,
                     "hbone",
                     Via::hbone(addr),
                     Halves(cr, cw),
                     Halves(ur, uw),
-                )
-                .await;
+                ))
             }
             Upstream::Tcp(s) => {
                 let (ur, uw) = s.into_split();
-                self.run(
-                    est.record,
-                    est.epoch,
+                Either::Right(self.run(
+                    record,
+                    epoch,
                     "tcp",
                     Via::NONE,
                     Halves(cr, cw),
                     Halves(ur, uw),
-                )
-                .await;
+                ))
             }
         }
     }
 
     /// A connection captured by iptables REDIRECT on the outbound port.
-    pub(crate) async fn handle_captured(self: Arc<Self>, client: TcpStream, src: SocketAddr) {
-        let dst = match client
-            .local_addr()
-            .map(socket::canonical)
-            .and_then(|local| Ok((socket::original_dst(&client, local)?, local)))
-        {
-            Ok((d, local)) if d == local => {
-                self.metrics.fail("outbound", "self_call");
-                tracing::warn!(%src, dst = %d, "connection addressed to the capture port itself; closing");
+    ///
+    /// A plain function around an `async move` block, not an `async fn` (which would hold its arguments twice for
+    /// the connection's whole life).
+    #[allow(clippy::manual_async_fn)] // an `async fn` would hold its arguments twice (see above)
+    pub(crate) fn handle_captured(
+        self: Arc<Self>,
+        client: TcpStream,
+        src: SocketAddr,
+    ) -> impl Future<Output = ()> + Send {
+        async move {
+            let dst = match client
+                .local_addr()
+                .map(socket::canonical)
+                .and_then(|local| Ok((socket::original_dst(&client, local)?, local)))
+            {
+                Ok((d, local)) if d == local => {
+                    self.metrics.fail("outbound", "self_call");
+                    tracing::warn!(%src, dst = %d, "connection addressed to the capture port itself; closing");
+                    return;
+                }
+                Ok((d, _)) => d,
+                Err(e) => {
+                    self.metrics.fail("outbound", "no_original_dst");
+                    tracing::warn!(%src, error = %e, "captured connection has no original destination; closing");
+                    return;
+                }
+            };
+            // Boxed: resolving, asking policy and connecting is on the heap only while it runs, so an established
+            // connection's task holds the relay's state alone.
+            let Ok(est) = Box::pin(self.establish_outbound(src, dst, Some(&client))).await else {
                 return;
-            }
-            Ok((d, _)) => d,
-            Err(e) => {
-                self.metrics.fail("outbound", "no_original_dst");
-                tracing::warn!(%src, error = %e, "captured connection has no original destination; closing");
-                return;
-            }
-        };
-        // Boxed: resolving, asking policy and connecting is on the heap only while it runs, so an established
-        // connection's task holds the relay's state alone.
-        if let Ok(est) = Box::pin(self.establish_outbound(src, dst, Some(&client))).await {
+            };
             self.run_outbound(client, est).await;
         }
     }

@@ -159,71 +159,114 @@ pub enum RelayEnd {
     Cancelled,
 }
 
-async fn copy_half<R, W>(
+/// One direction: `r` to `w` until EOF (then half-close `w`) or an error.
+///
+/// Built as a plain function around an `async move` block, not an `async fn`: an `async fn` keeps its arguments
+/// twice in its state (once as passed, once moved into its body), and this state is held for the connection's whole
+/// life.
+#[allow(clippy::manual_async_fn)] // an `async fn` would hold its arguments twice (see above)
+fn copy_half<'a, R, W>(
     mut r: R,
     mut w: W,
-    count: &AtomicU64,
-    counters: &Counters,
-) -> io::Result<()>
+    count: &'a AtomicU64,
+    counters: &'a Counters,
+) -> impl Future<Output = io::Result<()>> + Send + 'a
 where
-    R: RelayRead,
-    W: RelayWrite,
+    R: RelayRead + 'a,
+    W: RelayWrite + 'a,
 {
-    let mut buf = BytesMut::new();
-    let mut want = MIN_BUF;
-    loop {
-        let Some(chunk) = r.read_chunk(&mut buf, want).await? else {
-            w.close().await?;
-            return Ok(());
-        };
-        let n = chunk.len();
-        counters.touch();
-        w.write_chunk(chunk).await?;
-        count.fetch_add(n as u64, Ordering::Relaxed);
-        if n >= want && want < MAX_BUF {
-            want = (want * 4).min(MAX_BUF);
-        } else if want == MIN_BUF {
-            // A short read at the smallest size: the socket is drained and the connection is likely to wait, so
-            // do not keep the buffer through the wait (the next read allocates once the socket is readable).
-            buf = BytesMut::new();
+    async move {
+        let mut buf = BytesMut::new();
+        let mut want = MIN_BUF;
+        loop {
+            let Some(chunk) = r.read_chunk(&mut buf, want).await? else {
+                w.close().await?;
+                return Ok(());
+            };
+            let n = chunk.len();
+            counters.touch();
+            w.write_chunk(chunk).await?;
+            count.fetch_add(n as u64, Ordering::Relaxed);
+            if n >= want && want < MAX_BUF {
+                want = (want * 4).min(MAX_BUF);
+            } else if want == MIN_BUF {
+                // A short read at the smallest size: the socket is drained and the connection is likely to wait,
+                // so do not keep the buffer through the wait (the next read allocates once the socket is
+                // readable).
+                buf = BytesMut::new();
+            }
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A running relay: both directions, the idle timer and the cancel, each stored once. (An `async` body that
+    /// built the two directions and then pinned them would hold each twice, and the relay's state lives as long as
+    /// the connection.)
+    #[must_use = "a relay does nothing unless awaited"]
+    pub struct Relay<B, I, C> {
+        #[pin]
+        both: B,
+        #[pin]
+        idle: I,
+        #[pin]
+        cancelled: C,
+    }
+}
+
+impl<B, I, C> Future for Relay<B, I, C>
+where
+    B: Future<Output = io::Result<((), ())>>,
+    I: Future<Output = ()>,
+    C: Future<Output = ()>,
+{
+    type Output = RelayEnd;
+
+    /// A cancel is looked at first, so a drain or a denying re-check ends a busy connection as promptly as an idle
+    /// one; then the copying; then the idle timer.
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<RelayEnd> {
+        let this = self.project();
+        if this.cancelled.poll(cx).is_ready() {
+            return Poll::Ready(RelayEnd::Cancelled);
+        }
+        if let Poll::Ready(r) = this.both.poll(cx) {
+            return Poll::Ready(match r {
+                Ok(_) => RelayEnd::Done,
+                Err(e) => RelayEnd::Error(e.to_string()),
+            });
+        }
+        match this.idle.poll(cx) {
+            Poll::Ready(()) => Poll::Ready(RelayEnd::Idle),
+            Poll::Pending => Poll::Pending,
         }
     }
 }
 
 /// Copy `src` ⇄ `dst` (each given as read and write halves) until both directions finish, one fails, the
-/// connection idles out, or `ctl` cancels it.
+/// connection idles out, or `ctl` cancels it. Either direction failing ends the connection; a clean EOF lets the
+/// other direction finish.
+///
+/// The future is built here, not in an `async fn`: its parts are moved into it once (see [`Relay`]).
 #[allow(clippy::too_many_arguments)]
-pub async fn relay<SR, SW, DR, DW>(
+pub fn relay<'a, SR, SW, DR, DW>(
     src_r: SR,
     src_w: SW,
     dst_r: DR,
     dst_w: DW,
-    counters: &Counters,
-    ctl: &ConnControl,
+    counters: &'a Counters,
+    ctl: &'a ConnControl,
     idle_timeout: Duration,
-) -> RelayEnd
+) -> impl Future<Output = RelayEnd> + Send + 'a
 where
-    SR: RelayRead,
-    SW: RelayWrite,
-    DR: RelayRead,
-    DW: RelayWrite,
+    SR: RelayRead + 'a,
+    SW: RelayWrite + 'a,
+    DR: RelayRead + 'a,
+    DW: RelayWrite + 'a,
 {
     counters.touch();
     let up = copy_half(src_r, dst_w, &counters.sent, counters);
     let down = copy_half(dst_r, src_w, &counters.received, counters);
-    let both = async {
-        // Either direction failing ends the connection; a clean EOF lets the other direction finish.
-        tokio::pin!(up, down);
-        let (mut up_done, mut down_done) = (false, false);
-        while !(up_done && down_done) {
-            tokio::select! {
-                r = &mut up, if !up_done => { r?; up_done = true; }
-                r = &mut down, if !down_done => { r?; down_done = true; }
-            }
-        }
-        Ok::<(), io::Error>(())
-    };
-    let idle = async {
+    let idle = async move {
         loop {
             let idle_for = counters.idle_for();
             if idle_for >= idle_timeout {
@@ -232,13 +275,10 @@ where
             tokio::time::sleep(idle_timeout - idle_for).await;
         }
     };
-    tokio::select! {
-        r = both => match r {
-            Ok(()) => RelayEnd::Done,
-            Err(e) => RelayEnd::Error(e.to_string()),
-        },
-        () = idle => RelayEnd::Idle,
-        () = ctl.cancelled() => RelayEnd::Cancelled,
+    Relay {
+        both: futures_util::future::try_join(up, down),
+        idle,
+        cancelled: ctl.cancelled(),
     }
 }
 

@@ -1,6 +1,7 @@
 //! A minimal SOCKS5 front (RFC 1928, CONNECT only, no authentication) for apps that are not captured: the reply is
 //! sent once the upstream (HBONE or TCP) is really established.
 
+use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
@@ -90,39 +91,48 @@ pub(crate) async fn read_request<S: AsyncRead + AsyncWrite + Unpin>(
 
 impl Inner {
     /// Serve one SOCKS5 client.
-    pub(crate) async fn handle_socks5(self: Arc<Self>, mut client: TcpStream, src: SocketAddr) {
-        let dst =
-            match tokio::time::timeout(self.cfg.connect_timeout, read_request(&mut client)).await {
-                Ok(Ok(Some(d))) => d,
-                Ok(Ok(None)) => {
-                    self.metrics.fail("outbound", "socks5_request");
-                    return;
-                }
-                Ok(Err(e)) => {
-                    tracing::debug!(%src, error = %e, "SOCKS5 handshake failed");
-                    self.metrics.fail("outbound", "socks5_request");
-                    return;
-                }
-                Err(_) => {
-                    self.metrics.fail("outbound", "socks5_request");
-                    return;
-                }
-            };
-        // Boxed, as for a captured connection: the relay's task keeps nothing of the setup.
-        match Box::pin(self.establish_outbound(src, dst, None)).await {
-            Ok(est) => {
-                if reply(&mut client, REP_OK).await.is_ok() {
-                    self.run_outbound(client, est).await;
-                }
-            }
-            Err(e) => {
-                let code = match e {
-                    OutboundError::Denied { .. } => REP_NOT_ALLOWED,
-                    OutboundError::Unroutable(_) => REP_HOST_UNREACHABLE,
-                    OutboundError::Connect { .. } => REP_REFUSED,
-                    OutboundError::Identity(_) | OutboundError::Client(_) => REP_FAILURE,
+    #[allow(clippy::manual_async_fn)] // an `async fn` would hold its arguments twice, for the connection's life
+    pub(crate) fn handle_socks5(
+        self: Arc<Self>,
+        mut client: TcpStream,
+        src: SocketAddr,
+    ) -> impl Future<Output = ()> + Send {
+        async move {
+            let dst =
+                match tokio::time::timeout(self.cfg.connect_timeout, read_request(&mut client))
+                    .await
+                {
+                    Ok(Ok(Some(d))) => d,
+                    Ok(Ok(None)) => {
+                        self.metrics.fail("outbound", "socks5_request");
+                        return;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(%src, error = %e, "SOCKS5 handshake failed");
+                        self.metrics.fail("outbound", "socks5_request");
+                        return;
+                    }
+                    Err(_) => {
+                        self.metrics.fail("outbound", "socks5_request");
+                        return;
+                    }
                 };
-                let _ = reply(&mut client, code).await;
+            // Boxed, as for a captured connection: the relay's task keeps nothing of the setup.
+            match Box::pin(self.establish_outbound(src, dst, None)).await {
+                Ok(est) => {
+                    if reply(&mut client, REP_OK).await.is_ok() {
+                        self.run_outbound(client, est).await;
+                    }
+                }
+                Err(e) => {
+                    let code = match e {
+                        OutboundError::Denied { .. } => REP_NOT_ALLOWED,
+                        OutboundError::Unroutable(_) => REP_HOST_UNREACHABLE,
+                        OutboundError::Connect { .. } => REP_REFUSED,
+                        OutboundError::Identity(_) | OutboundError::Client(_) => REP_FAILURE,
+                    };
+                    let _ = reply(&mut client, code).await;
+                }
             }
         }
     }
