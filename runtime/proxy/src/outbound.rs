@@ -613,11 +613,7 @@ impl Inner {
         src: SocketAddr,
     ) -> impl Future<Output = ()> + Send {
         async move {
-            let dst = match client
-                .local_addr()
-                .map(socket::canonical)
-                .and_then(|local| Ok((socket::original_dst(&client, local)?, local)))
-            {
+            let dst = match socket::original_and_local(&client) {
                 Ok((d, local)) if d == local => {
                     self.metrics.fail("outbound", "self_call");
                     tracing::warn!(%src, dst = %d, "connection addressed to the capture port itself; closing");

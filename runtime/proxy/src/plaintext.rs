@@ -19,11 +19,7 @@ impl Inner {
         src: std::net::SocketAddr,
     ) -> impl Future<Output = ()> + Send {
         async move {
-            let dst = match client
-                .local_addr()
-                .map(socket::canonical)
-                .and_then(|local| Ok((socket::original_dst(&client, local)?, local)))
-            {
+            let dst = match socket::original_and_local(&client) {
                 Ok((d, local)) if d != local => d,
                 Ok(_) | Err(_) => {
                     self.metrics.fail("inbound", "no_original_dst");

@@ -140,6 +140,13 @@ pub fn original_dst(stream: &TcpStream, local: SocketAddr) -> io::Result<SocketA
     })
 }
 
+/// A captured connection's original destination and its (canonical) local address, in that order: the two a
+/// capture listener compares to tell a redirected connection from one addressed to the listener itself.
+pub fn original_and_local(stream: &TcpStream) -> io::Result<(SocketAddr, SocketAddr)> {
+    let local = canonical(stream.local_addr()?);
+    Ok((original_dst(stream, local)?, local))
+}
+
 /// The address with an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`, as a dual-stack socket reports IPv4 peers)
 /// turned back into plain IPv4, so it matches the workload addresses in the state.
 pub fn canonical(addr: SocketAddr) -> SocketAddr {
