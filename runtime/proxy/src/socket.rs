@@ -123,8 +123,8 @@ pub async fn connect(
 }
 
 /// The destination a connection had before an iptables REDIRECT sent it to us (`SO_ORIGINAL_DST`); `local` is
-/// the connection's local address (callers have it already: one `getsockname` per connection is enough).
-pub fn original_dst(stream: &TcpStream, local: SocketAddr) -> io::Result<SocketAddr> {
+/// the connection's local address, which picks the IPv4 or IPv6 lookup (see [`original_and_local`]).
+fn original_dst(stream: &TcpStream, local: SocketAddr) -> io::Result<SocketAddr> {
     let sock = SockRef::from(stream);
     // A dual-stack listener sees IPv4 clients as IPv4-mapped IPv6: their NAT entry is an IPv4 one.
     let orig = if local.ip().to_canonical().is_ipv4() {
@@ -141,7 +141,8 @@ pub fn original_dst(stream: &TcpStream, local: SocketAddr) -> io::Result<SocketA
 }
 
 /// A captured connection's original destination and its (canonical) local address, in that order: the two a
-/// capture listener compares to tell a redirected connection from one addressed to the listener itself.
+/// capture listener compares to tell a redirected connection from one addressed to the listener itself. One
+/// `getsockname` and one `SO_ORIGINAL_DST` lookup per connection.
 pub fn original_and_local(stream: &TcpStream) -> io::Result<(SocketAddr, SocketAddr)> {
     let local = canonical(stream.local_addr()?);
     Ok((original_dst(stream, local)?, local))
