@@ -6,6 +6,7 @@ pub mod cli;
 pub mod default_plugins;
 pub mod demo;
 pub mod inpod;
+pub mod jsonlog;
 pub mod logging;
 pub mod logwriter;
 pub mod plugin_xds;

@@ -6,6 +6,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Registry, reload};
 
 use crate::cli::LogFormat;
+use crate::jsonlog::{JsonLine, JsonSpanFields};
 use crate::logwriter::{BufferedWriter, LogBuffer, LogFlush};
 
 /// Handle to change the log filter.
@@ -56,9 +57,8 @@ pub fn init(
         LogFormat::Json => reg
             .with(
                 tracing_subscriber::fmt::layer()
-                    .json()
-                    .flatten_event(true)
-                    .with_current_span(false)
+                    .event_format(JsonLine)
+                    .fmt_fields(JsonSpanFields)
                     .with_writer(writer),
             )
             .try_init()?,
