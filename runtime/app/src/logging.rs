@@ -1,6 +1,8 @@
 //! Logging: tracing to stderr (text or JSON) through a buffer a writer thread empties (see [`crate::logwriter`]),
 //! with a filter that `/logging` can change at run time.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Registry, reload};
@@ -37,6 +39,13 @@ impl LogControl {
     }
 }
 
+/// Whether text lines get terminal colours: only on a terminal, and not when `NO_COLOR` is set to anything
+/// non-empty (no-color.org). stderr is a pipe under a container runtime or systemd, where escape codes would be
+/// stored in every line an operator reads back with `kubectl logs` or greps.
+fn colours(stderr_is_terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 /// Install the global subscriber. Keep the returned guard until the end: dropping it writes the lines still
 /// buffered. A panic writes them before its own message.
 pub fn init(
@@ -52,7 +61,14 @@ pub fn init(
     let reg = tracing_subscriber::registry().with(layer);
     match format {
         LogFormat::Text => reg
-            .with(tracing_subscriber::fmt::layer().with_writer(writer))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(colours(
+                        std::io::stderr().is_terminal(),
+                        std::env::var_os("NO_COLOR"),
+                    ))
+                    .with_writer(writer),
+            )
             .try_init()?,
         LogFormat::Json => reg
             .with(
@@ -70,4 +86,18 @@ pub fn init(
         previous(info);
     }));
     Ok((LogControl { handle }, flush))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::colours;
+
+    #[test]
+    fn colours_only_on_a_terminal_without_no_color() {
+        assert!(colours(true, None));
+        assert!(colours(true, Some("".into())));
+        assert!(!colours(true, Some("1".into())));
+        assert!(!colours(false, None));
+        assert!(!colours(false, Some("".into())));
+    }
 }
