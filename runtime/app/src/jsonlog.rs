@@ -342,6 +342,18 @@ mod tests {
         }
     }
 
+    /// Runs `f` with this module's format as the subscriber; returns what it wrote.
+    fn with_weft_json(f: impl FnOnce()) -> Sink {
+        let sink = Sink::default();
+        let w = sink.clone();
+        let layer = tracing_subscriber::fmt::layer()
+            .event_format(JsonLine)
+            .fmt_fields(JsonSpanFields)
+            .with_writer(move || w.clone());
+        tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), f);
+        sink
+    }
+
     /// Events of every field kind, in nested spans, one with a field recorded after it was created.
     fn emit() {
         struct Shown;
@@ -431,13 +443,7 @@ mod tests {
         let mut out = String::new();
         escape_into(&mut out, "a\u{0}b\u{1f}c\u{8}\u{c}\u{7f}");
         assert_eq!(out, "a\\u0000b\\u001fc\\b\\f\u{7f}");
-        let sink = Sink::default();
-        let w = sink.clone();
-        let layer = tracing_subscriber::fmt::layer()
-            .event_format(JsonLine)
-            .fmt_fields(JsonSpanFields)
-            .with_writer(move || w.clone());
-        tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || {
+        let sink = with_weft_json(|| {
             let s = tracing::info_span!("s", f = "x\ny");
             let _e = s.enter();
             tracing::error!(detail = ?"multi\nline", log.kept = 1u64, "bad\r\nthing");
@@ -456,13 +462,7 @@ mod tests {
 
     #[test]
     fn a_log_crate_record_has_its_own_target_and_level_and_no_bookkeeping_fields() {
-        let sink = Sink::default();
-        let w = sink.clone();
-        let layer = tracing_subscriber::fmt::layer()
-            .event_format(JsonLine)
-            .fmt_fields(JsonSpanFields)
-            .with_writer(move || w.clone());
-        tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || {
+        let sink = with_weft_json(|| {
             let args = format_args!("peer sent {} alert", "close_notify");
             let record = log::Record::builder()
                 .args(args)
