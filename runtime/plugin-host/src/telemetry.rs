@@ -6,9 +6,9 @@
 //! the thread (a futex wake on the data path and a context switch, on every connection's open and close). An event
 //! after a quiet spell is delivered at once; one during a pause waits at most the linger.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, Sender, SyncSender};
+use std::collections::VecDeque;
+use std::sync::mpsc::SyncSender;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -26,14 +26,42 @@ pub(crate) enum Msg {
     Flush(SyncSender<()>),
 }
 
+/// What the data path and the worker share: the events queued and not yet taken.
+///
+/// The worker takes everything queued at once (it swaps its drained buffer in), so a data-path thread's send is
+/// one uncontended lock and a push into memory that is reused from batch to batch: no allocation per event, no
+/// per-event atomics shared with the worker, and a wake-up only when the worker is waiting for work.
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    queue: VecDeque<Msg>,
+    /// Events (not flushes) in `queue`.
+    events: usize,
+    /// The worker is blocked waiting for a message.
+    waiting: bool,
+    /// The sending side is gone: the worker ends once it has taken what is left.
+    closed: bool,
+}
+
+impl Shared {
+    /// The state, also after a thread panicked holding it (the queue stays consistent: every change is one push or
+    /// one swap).
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 /// The sending side, held by the host.
 ///
-/// The bound is a count, not a preallocated ring: a bounded channel would allocate (and touch) every one of its
-/// `capacity` slots up front, megabytes of resident memory for an idle node; this channel's memory follows what is
-/// actually queued.
+/// The bound counts events queued and not yet taken by the worker; the worker holds at most one more taken set
+/// while it delivers it. Memory follows what is actually queued (no ring of `capacity` slots allocated up front).
 pub(crate) struct TelemetryQueue {
-    tx: Sender<Msg>,
-    queued: Arc<AtomicUsize>,
+    shared: Arc<Shared>,
     capacity: usize,
     dropped: Counter,
 }
@@ -66,68 +94,123 @@ impl TelemetryQueue {
 
     /// The queue and the receiving end its worker reads.
     fn unstarted(capacity: usize, dropped: Counter) -> (Self, QueueRx) {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let queued = Arc::new(AtomicUsize::new(0));
+        let shared = Arc::new(Shared::default());
         let queue = Self {
-            tx,
-            queued: queued.clone(),
+            shared: shared.clone(),
             capacity: capacity.max(1),
             dropped,
         };
-        (queue, QueueRx { rx, queued })
+        let rx = QueueRx {
+            shared,
+            taken: VecDeque::new(),
+        };
+        (queue, rx)
     }
 
     /// Queues an event without blocking; a full queue drops it and counts the drop.
     pub fn send(&self, msg: Msg) {
-        if self.queued.fetch_add(1, Ordering::Relaxed) >= self.capacity {
-            self.queued.fetch_sub(1, Ordering::Relaxed);
+        let mut state = self.shared.lock();
+        if state.events >= self.capacity || state.closed {
+            drop(state);
             self.dropped.inc();
             return;
         }
-        if self.tx.send(msg).is_err() {
-            self.queued.fetch_sub(1, Ordering::Relaxed);
-            self.dropped.inc();
+        state.events += 1;
+        self.push(state, msg);
+    }
+
+    /// Appends `msg` and wakes the worker if it waits for one.
+    fn push(&self, mut state: MutexGuard<'_, State>, msg: Msg) {
+        state.queue.push_back(msg);
+        let wake = std::mem::take(&mut state.waiting);
+        drop(state);
+        if wake {
+            self.shared.ready.notify_one();
         }
     }
 
     /// Blocks until everything queued so far has been delivered.
     pub fn flush(&self) {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        if self.tx.send(Msg::Flush(tx)).is_ok() {
-            let _ = rx.recv();
+        let state = self.shared.lock();
+        if state.closed {
+            return;
         }
+        self.push(state, Msg::Flush(tx));
+        let _ = rx.recv();
+    }
+
+    /// Events queued and not yet taken by the worker.
+    #[cfg(test)]
+    fn queued(&self) -> usize {
+        self.shared.lock().events
     }
 }
 
-/// The receiving side: every event taken frees its room in the bound.
+impl Drop for TelemetryQueue {
+    /// The worker delivers what is queued, then ends.
+    fn drop(&mut self) {
+        self.shared.lock().closed = true;
+        self.shared.ready.notify_one();
+    }
+}
+
+/// The receiving side: takes everything queued at once and hands it out one message at a time.
 struct QueueRx {
-    rx: Receiver<Msg>,
-    queued: Arc<AtomicUsize>,
+    shared: Arc<Shared>,
+    /// Taken from the queue, not yet handed out (its room in the bound is free again).
+    taken: VecDeque<Msg>,
 }
 
 impl QueueRx {
-    fn taken(&self, msg: Msg) -> Msg {
-        if !matches!(msg, Msg::Flush(_)) {
-            self.queued.fetch_sub(1, Ordering::Relaxed);
-        }
-        msg
+    /// Moves everything queued into `taken` (swapping buffers, so both keep their memory).
+    fn take(state: &mut State, taken: &mut VecDeque<Msg>) {
+        std::mem::swap(&mut state.queue, taken);
+        state.events = 0;
     }
 
-    /// The next message, waiting for one; `None` once every sender is gone.
-    fn recv(&self) -> Option<Msg> {
-        self.rx.recv().ok().map(|m| self.taken(m))
+    /// The next message, waiting for one; `None` once the sending side is gone and everything was handed out.
+    fn recv(&mut self) -> Option<Msg> {
+        if let Some(msg) = self.taken.pop_front() {
+            return Some(msg);
+        }
+        let mut state = self.shared.lock();
+        while state.queue.is_empty() {
+            if state.closed {
+                return None;
+            }
+            state.waiting = true;
+            state = self
+                .shared
+                .ready
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        state.waiting = false;
+        Self::take(&mut state, &mut self.taken);
+        drop(state);
+        self.taken.pop_front()
     }
 
     /// The next message if one is queued.
-    fn try_recv(&self) -> Option<Msg> {
-        self.rx.try_recv().ok().map(|m| self.taken(m))
+    fn try_recv(&mut self) -> Option<Msg> {
+        if let Some(msg) = self.taken.pop_front() {
+            return Some(msg);
+        }
+        let mut state = self.shared.lock();
+        if state.queue.is_empty() {
+            return None;
+        }
+        Self::take(&mut state, &mut self.taken);
+        drop(state);
+        self.taken.pop_front()
     }
 }
 
 /// Takes events in batches of at most `batch`, hands each batch to `deliver`, answers flushes, and calls `linger`
 /// after a batch that did not fill up; returns once every sender is gone.
 fn worker(
-    rx: QueueRx,
+    mut rx: QueueRx,
     batch: usize,
     mut deliver: impl FnMut(&EventBatch),
     mut linger: impl FnMut(),
@@ -210,20 +293,64 @@ mod tests {
     #[test]
     fn a_full_queue_drops_and_counts_and_frees_room_as_the_worker_reads() {
         let dropped = Counter::default();
-        let (queue, rx) = TelemetryQueue::unstarted(2, dropped.clone());
+        let (queue, mut rx) = TelemetryQueue::unstarted(2, dropped.clone());
         for _ in 0..3 {
             queue.send(Msg::Opened(record()));
         }
         assert_eq!(dropped.get(), 1);
-        assert_eq!(queue.queued.load(Ordering::Relaxed), 2);
-        // One message taken is one slot free.
+        assert_eq!(queue.queued(), 2);
+        // The worker takes all that is queued at once: the room is free again while it hands the events out.
         drop(rx.recv().unwrap());
+        assert_eq!(queue.queued(), 0);
+        queue.send(Msg::Opened(record()));
         queue.send(Msg::Opened(record()));
         assert_eq!(dropped.get(), 1);
+        queue.send(Msg::Opened(record()));
+        assert_eq!(dropped.get(), 2);
         // A worker started on the rest drains it, and a flush answers once it has.
-        let worker = std::thread::spawn(move || worker(rx, 16, |_| {}, || {}));
+        let delivered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = delivered.clone();
+        let worker = std::thread::spawn(move || {
+            worker(
+                rx,
+                16,
+                |b| {
+                    seen.fetch_add(b.len(), std::sync::atomic::Ordering::Relaxed);
+                },
+                || {},
+            )
+        });
         queue.flush();
-        assert_eq!(queue.queued.load(Ordering::Relaxed), 0);
+        assert_eq!(queue.queued(), 0);
+        // One taken before the worker started (still in its hands) and the two queued after.
+        assert_eq!(delivered.load(std::sync::atomic::Ordering::Relaxed), 3);
+        drop(queue);
+        worker.join().unwrap();
+    }
+
+    /// A worker waiting on an empty queue is woken by a send, and ends once the sending side is dropped.
+    #[test]
+    fn a_waiting_worker_is_woken_and_ends_when_the_queue_is_dropped() {
+        let (queue, rx) = TelemetryQueue::unstarted(8, Counter::default());
+        let (got_tx, got) = std::sync::mpsc::channel();
+        let worker = std::thread::spawn(move || {
+            worker(
+                rx,
+                16,
+                |b| {
+                    let _ = got_tx.send(b.len());
+                },
+                || {},
+            )
+        });
+        for _ in 0..3 {
+            queue.send(Msg::Opened(record()));
+            assert_eq!(
+                got.recv().unwrap(),
+                1,
+                "each event, sent while the worker waits, is delivered"
+            );
+        }
         drop(queue);
         worker.join().unwrap();
     }
