@@ -22,6 +22,7 @@ BAD = {
     "grace period too short for a drain": ({"terminationGracePeriodSeconds": 2}, "/terminationGracePeriodSeconds"),
     "grace period as a string": ({"terminationGracePeriodSeconds": "30s"}, "/terminationGracePeriodSeconds"),
     "worker threads zero": ({"workerThreads": 0}, "/workerThreads"),
+    "worker threads a word but auto": ({"workerThreads": "all"}, "/workerThreads"),
     "log format": ({"logFormat": "xml"}, "/logFormat"),
     "CA address without https": ({"istio": {"caAddress": "istiod.istio-system.svc:15012"}}, "/istio/caAddress"),
     "token lifetime under 10 min": ({"istio": {"tokenExpirationSeconds": 60}}, "/istio/tokenExpirationSeconds"),
@@ -91,3 +92,4 @@ def test_schema_accepts_the_variants(chart, variant):
 def test_schema_accepts_numbers_as_a_values_file_writes_them(chart):
     chart.validate_schema(values_yaml("mark: 0x100000\nterminationGracePeriodSeconds: 60\nworkerThreads: 4\n"))
     chart.validate_schema(values_yaml("mark: '0x100000'\n"))
+    chart.validate_schema(values_yaml("workerThreads: auto\n"))

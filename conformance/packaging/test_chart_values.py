@@ -135,6 +135,12 @@ def test_one_value_sets_grace_period_and_drain_deadline(render):
         assert args_of(r.container())["drain-deadline"] == drain
 
 
+def test_worker_threads_auto_by_default_or_a_number(render):
+    assert args_of(render().container())["worker-threads"] == "auto"
+    assert args_of(render(values_yaml("workerThreads: 4\n")).container())["worker-threads"] == "4"
+    assert args_of(render({"workerThreads": "auto"}).container())["worker-threads"] == "auto"
+
+
 def test_mark_in_hex_is_not_scientific_notation(render):
     # The bug: `mark: 0x100000` in a values file reached weft as --mark=1.048576e+06 and weft refused to start.
     r = render(values_yaml("mark: 0x100000\nmaxConnectionsPerListener: 1000000\nistio:\n  tokenExpirationSeconds: 86400000\n"))

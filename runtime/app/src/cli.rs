@@ -278,9 +278,10 @@ pub struct RunArgs {
     /// Probation: calls needed before the failure share is judged.
     #[arg(long, default_value_t = 20)]
     pub plugin_rollout_min_calls: u32,
-    /// Data-path worker threads.
-    #[arg(long, default_value_t = 2)]
-    pub worker_threads: usize,
+    /// Data-path worker threads: a number, or `auto` (the default): a quarter of the CPUs this process may use
+    /// (cores, affinity and cgroup CPU limit), at least 2, as ztunnel sizes its own.
+    #[arg(long, env = "WEFT_WORKER_THREADS", default_value = "auto", value_parser = parse_worker_threads)]
+    pub worker_threads: WorkerThreads,
     /// Log filter (tracing EnvFilter syntax); changeable at run time via POST /logging.
     #[arg(long, env = "WEFT_LOG", default_value = "info")]
     pub log: String,
@@ -394,6 +395,40 @@ fn parse_ratio(s: &str) -> Result<f64, String> {
     }
 }
 
+/// `weft run --worker-threads`: a fixed count, or sized from the CPUs available.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerThreads {
+    /// A quarter of the CPUs available, rounded up, at least [`WorkerThreads::AUTO_MIN`].
+    Auto,
+    /// Exactly this many (at least 1).
+    Fixed(usize),
+}
+
+impl WorkerThreads {
+    /// The fewest threads `auto` picks: two, ztunnel's floor too, so a small node's data path is not one thread.
+    pub const AUTO_MIN: usize = 2;
+
+    /// The thread count on a machine where this process may use `cpus` CPUs.
+    pub fn count(self, cpus: usize) -> usize {
+        match self {
+            WorkerThreads::Auto => cpus.div_ceil(4).max(Self::AUTO_MIN),
+            WorkerThreads::Fixed(n) => n.max(1),
+        }
+    }
+}
+
+fn parse_worker_threads(s: &str) -> Result<WorkerThreads, String> {
+    if s == "auto" {
+        return Ok(WorkerThreads::Auto);
+    }
+    match s.parse::<usize>() {
+        Ok(n) if (1..=1024).contains(&n) => Ok(WorkerThreads::Fixed(n)),
+        _ => Err(format!(
+            "{s:?} is neither `auto` nor a thread count from 1 to 1024"
+        )),
+    }
+}
+
 /// `weft run --plugin-compiler`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum PluginCompiler {
@@ -417,6 +452,24 @@ mod tests {
         match cli.command {
             Command::Run(args) => Ok(*args),
             _ => panic!("not `weft run`"),
+        }
+    }
+
+    #[test]
+    fn worker_threads_default_to_a_quarter_of_the_cpus_and_at_least_two() {
+        let args = run_args(&[]).unwrap();
+        assert_eq!(args.worker_threads, WorkerThreads::Auto);
+        let auto = WorkerThreads::Auto;
+        assert_eq!(
+            [1, 2, 4, 8, 9, 16, 64].map(|c| auto.count(c)),
+            [2, 2, 2, 2, 3, 4, 16]
+        );
+        let args = run_args(&["--worker-threads", "1"]).unwrap();
+        assert_eq!(args.worker_threads, WorkerThreads::Fixed(1));
+        assert_eq!(args.worker_threads.count(64), 1);
+        for bad in ["0", "1.5", "1025", "all", ""] {
+            let err = run_args(&["--worker-threads", bad]).unwrap_err();
+            assert!(err.to_string().contains("--worker-threads"), "{bad}: {err}");
         }
     }
 

@@ -151,7 +151,7 @@ fn plugin_host_config(args: &RunArgs) -> HostConfig {
     // then leaves instances for the plugin's healthy calls while the refill thread replaces the lost ones.
     let instances = defaults
         .prewarm_instances
-        .max((args.worker_threads.max(1) + 1) * 2 + 2);
+        .max((worker_threads(args) + 1) * 2 + 2);
     HostConfig {
         cache_dir: args.plugin_cache.clone(),
         compiler: match args.plugin_compiler {
@@ -179,6 +179,16 @@ fn plugin_host_config(args: &RunArgs) -> HostConfig {
     }
 }
 
+/// CPUs this process may use: cores, less what its affinity mask and cgroup CPU limit leave out.
+fn available_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}
+
+/// The data path's worker threads (`--worker-threads`, `auto` sized from [`available_cpus`]).
+fn worker_threads(args: &RunArgs) -> usize {
+    args.worker_threads.count(available_cpus())
+}
+
 /// Run the node until SIGTERM/SIGINT or `/quitquitquit`, then drain.
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     // `_log_flush` is dropped last (locals drop in reverse): the lines of the whole drain are written.
@@ -188,7 +198,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         .thread_name("weft-control")
         .build()?;
     let data = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(args.worker_threads.max(1))
+        .worker_threads(worker_threads(&args))
         .enable_all()
         .thread_name("weft-data")
         .build()?;
@@ -285,7 +295,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     });
     let pcfg = proxy_config(&args);
     tracing::info!(node = %args.node, config = ?args.config, xds = ?args.xds.xds_address, version = state.version(),
-        "weft starting");
+        worker_threads = worker_threads(&args), cpus = available_cpus(), "weft starting");
 
     control.block_on(async {
         // Signal handlers first: a SIGTERM that arrives while weft starts (a supervisor that reads "ready" and
