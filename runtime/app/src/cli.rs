@@ -282,6 +282,10 @@ pub struct RunArgs {
     /// (cores, affinity and cgroup CPU limit), at least 2, as ztunnel sizes its own.
     #[arg(long, env = "WEFT_WORKER_THREADS", default_value = "auto", value_parser = parse_worker_threads)]
     pub worker_threads: WorkerThreads,
+    /// Experimental: connections run on this many single-threaded shards (each with its own HBONE pool) instead
+    /// of the worker threads, so one connection's tasks never hand off across threads; 0 (the default): off.
+    #[arg(long, env = "WEFT_SHARDS", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=1024))]
+    pub shards: u16,
     /// Log filter (tracing EnvFilter syntax); changeable at run time via POST /logging.
     #[arg(long, env = "WEFT_LOG", default_value = "info")]
     pub log: String,

@@ -151,7 +151,7 @@ fn plugin_host_config(args: &RunArgs) -> HostConfig {
     // then leaves instances for the plugin's healthy calls while the refill thread replaces the lost ones.
     let instances = defaults
         .prewarm_instances
-        .max((worker_threads(args) + 1) * 2 + 2);
+        .max((worker_threads(args) + usize::from(args.shards) + 1) * 2 + 2);
     HostConfig {
         cache_dir: args.plugin_cache.clone(),
         compiler: match args.plugin_compiler {
@@ -187,6 +187,55 @@ fn available_cpus() -> usize {
 /// The data path's worker threads (`--worker-threads`, `auto` sized from [`available_cpus`]).
 fn worker_threads(args: &RunArgs) -> usize {
     args.worker_threads.count(available_cpus())
+}
+
+/// The shards' threads (`--shards`): each drives a current-thread runtime until it is told to stop.
+struct ShardThreads {
+    shards: Arc<weft_proxy::shards::Shards>,
+    stop: Vec<tokio::sync::oneshot::Sender<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl ShardThreads {
+    fn start(n: usize) -> anyhow::Result<Self> {
+        let (mut handles, mut stop, mut threads) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..n {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            handles.push(rt.handle().clone());
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            stop.push(tx);
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("weft-shard-{i}"))
+                    .spawn(move || {
+                        weft_proxy::shards::enter(i);
+                        rt.block_on(async {
+                            let _ = rx.await;
+                        });
+                        rt.shutdown_timeout(Duration::from_secs(1));
+                    })?,
+            );
+        }
+        let shards = weft_proxy::shards::Shards::new(handles)
+            .ok_or_else(|| anyhow::anyhow!("--shards needs at least one shard"))?;
+        Ok(Self {
+            shards: Arc::new(shards),
+            stop,
+            threads,
+        })
+    }
+
+    /// Stops every shard (what still runs on it is dropped) and waits for its thread.
+    fn stop(self) {
+        drop(self.stop);
+        for t in self.threads {
+            if t.join().is_err() {
+                tracing::error!("a shard thread panicked");
+            }
+        }
+    }
 }
 
 /// Run the node until SIGTERM/SIGINT or `/quitquitquit`, then drain.
@@ -293,9 +342,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             Box::new(move || serde_json::to_value(host.status()).unwrap_or_default())
         },
     });
-    let pcfg = proxy_config(&args);
+    let shards = match args.shards {
+        0 => None,
+        n => Some(ShardThreads::start(usize::from(n))?),
+    };
+    let mut pcfg = proxy_config(&args);
+    pcfg.shards = shards.as_ref().map(|s| s.shards.clone());
     tracing::info!(node = %args.node, config = ?args.config, xds = ?args.xds.xds_address, version = state.version(),
-        worker_threads = worker_threads(&args), cpus = available_cpus(), "weft starting");
+        worker_threads = worker_threads(&args), shards = args.shards, cpus = available_cpus(), "weft starting");
 
     control.block_on(async {
         // Signal handlers first: a SIGTERM that arrives while weft starts (a supervisor that reads "ready" and
@@ -450,5 +504,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         anyhow::Ok(())
     })?;
     data.shutdown_timeout(Duration::from_secs(1));
+    if let Some(s) = shards {
+        s.stop();
+    }
     Ok(())
 }

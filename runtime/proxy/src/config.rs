@@ -81,6 +81,9 @@ pub struct ProxyConfig {
     pub h2: H2Config,
     /// HBONE connection pool settings.
     pub pool: PoolConfig,
+    /// Where accepted connections run: `None`, on the runtime that accepted them; `Some`, handed to the shards in
+    /// turn (see [`crate::shards`]).
+    pub shards: Option<std::sync::Arc<crate::shards::Shards>>,
 }
 
 impl ProxyConfig {
@@ -106,6 +109,7 @@ impl ProxyConfig {
             app_tunnel_loopback: false,
             h2: H2Config::default(),
             pool: PoolConfig::default(),
+            shards: None,
         }
     }
 }

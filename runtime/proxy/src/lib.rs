@@ -13,6 +13,7 @@ pub mod outbound;
 mod plaintext;
 pub mod proxy_protocol;
 pub mod relay;
+pub mod shards;
 pub mod socket;
 mod socks5;
 #[cfg(test)]
@@ -59,7 +60,8 @@ pub(crate) struct Inner {
     pub(crate) state: Arc<StateStore>,
     pub(crate) identity: Arc<SecretManager>,
     pub(crate) hooks: Arc<dyn ConnectionHooks>,
-    pub(crate) pool: weft_hbone::Pool<PoolKey>,
+    /// One HBONE pool per shard (one without shards), so a shard's streams ride connections it drives itself.
+    pub(crate) pools: Vec<weft_hbone::Pool<PoolKey>>,
     pub(crate) tracker: Arc<ConnTracker>,
     pub(crate) metrics: Arc<ProxyMetrics>,
     /// Cancelled when the node drains: listeners stop, HBONE servers send GOAWAY.
@@ -69,6 +71,11 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
+    /// The HBONE pool of the shard this thread drives.
+    pub(crate) fn pool(&self) -> &weft_hbone::Pool<PoolKey> {
+        &self.pools[shards::current() % self.pools.len()]
+    }
+
     /// Whether `w` is a workload this data path serves: the pod (in-pod mode), or any workload on this node.
     pub(crate) fn is_local(&self, w: &weft_state::Workload) -> bool {
         match &self.cfg.pod {
@@ -125,8 +132,11 @@ impl Proxy {
         metrics: Arc<ProxyMetrics>,
         sockets: Option<Arc<dyn SocketFactory>>,
     ) -> Result<Arc<Self>, ProxyError> {
+        let pools = cfg.shards.as_ref().map_or(1, |s| s.len().max(1));
         let inner = Arc::new(Inner {
-            pool: weft_hbone::Pool::new(cfg.pool.clone()),
+            pools: (0..pools)
+                .map(|_| weft_hbone::Pool::new(cfg.pool.clone()))
+                .collect(),
             cfg,
             state,
             identity,
@@ -236,7 +246,25 @@ impl Proxy {
     {
         let actual = lis.local_addr().unwrap_or(addr);
         tracing::info!(listener = what, addr = %actual, "listening");
-        let task = tokio::spawn(accept_loop(self.inner.clone(), lis, what, handler));
+        let inner = self.inner.clone();
+        let task = match inner.cfg.shards.clone() {
+            None => tokio::spawn(accept_loop(inner, lis, what, handler)),
+            // The listener moves to the shard's own reactor, so its readiness wakes that thread directly.
+            Some(shards) => match lis.into_std() {
+                Ok(std) => shards.spawn(async move {
+                    match TcpListener::from_std(std) {
+                        Ok(lis) => accept_loop(inner, lis, what, handler).await,
+                        Err(e) => {
+                            tracing::error!(listener = what, error = %e, "cannot move a listener to its shard")
+                        }
+                    }
+                }),
+                Err(e) => {
+                    tracing::error!(listener = what, error = %e, "cannot move a listener to a shard");
+                    return;
+                }
+            },
+        };
         self.lock_listeners().insert((what, addr), task);
         self.bound
             .lock()
@@ -328,12 +356,12 @@ impl Proxy {
 
     /// HBONE connections pooled now.
     pub fn pooled_connections(&self) -> usize {
-        self.inner.pool.connections()
+        self.inner.pools.iter().map(|p| p.connections()).sum()
     }
 
     /// HBONE connections created since start.
     pub fn hbone_connections_created(&self) -> u64 {
-        self.inner.pool.created_total()
+        self.inner.pools.iter().map(|p| p.created_total()).sum()
     }
 
     /// Drain: stop accepting, GOAWAY every HBONE connection, wait up to the deadline for every connection to
@@ -448,8 +476,13 @@ where
                 let span = tracing::debug_span!("conn", listener = what, %peer);
                 // The slot is held until the connection ends, however it ends (the task may be aborted). No
                 // `async` block around the handler: it would store the handler's future twice.
+                let shards = inner.cfg.shards.clone();
                 let conn = tracked.serve_holding(handler(inner, stream, peer), (permit, open));
-                tokio::spawn(tracing::Instrument::instrument(conn, span));
+                let conn = tracing::Instrument::instrument(conn, span);
+                drop(match shards {
+                    Some(s) => s.spawn(conn),
+                    None => tokio::spawn(conn),
+                });
             }
             Err(e) => {
                 // EMFILE and friends: back off briefly instead of spinning.

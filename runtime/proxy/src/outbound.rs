@@ -484,8 +484,8 @@ impl Inner {
         let inner_headers = req.headers.clone();
         let tunnel = async {
             let (outer, _headers) = match early.as_mut() {
-                Some(e) => self.pool.connect_with_early(key, req, e, connect).await?,
-                None => self.pool.connect(key, req, connect).await?,
+                Some(e) => self.pool().connect_with_early(key, req, e, connect).await?,
+                None => self.pool().connect(key, req, connect).await?,
             };
             match inner {
                 None => Ok(outer),

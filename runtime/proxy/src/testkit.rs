@@ -88,7 +88,7 @@ pub(crate) fn inner(
     hooks: Arc<Recorder>,
 ) -> Arc<Inner> {
     Arc::new(Inner {
-        pool: weft_hbone::Pool::new(cfg.pool.clone()),
+        pools: vec![weft_hbone::Pool::new(cfg.pool.clone())],
         cfg,
         state,
         identity,

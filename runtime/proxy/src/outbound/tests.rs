@@ -178,7 +178,7 @@ async fn tcp_workload_is_dialled_directly() {
     assert!(matches!(&est.upstream, Upstream::Tcp(s) if s.peer_addr().unwrap() == n.db()));
     assert!(!est.record.hbone);
     round_trip(&a, est, b"plain tcp").await;
-    assert_eq!(a.pool.created_total(), 0);
+    assert_eq!(a.pool().created_total(), 0);
 }
 
 #[tokio::test]
@@ -227,7 +227,7 @@ async fn egress_policy_denial_stops_before_any_connection() {
     );
     assert_eq!(last_close(&hooks).response_flags, "DENY");
     assert_eq!(failed(&a, "denied"), 1);
-    assert_eq!(a.pool.created_total(), 0);
+    assert_eq!(a.pool().created_total(), 0);
 }
 
 #[tokio::test]
@@ -257,13 +257,13 @@ async fn a_wider_identity_set_is_not_reused_for_a_narrower_one() {
         .establish_outbound(n.client(), n.vip(), None)
         .await
         .unwrap();
-    assert_eq!(a.pool.created_total(), 1);
+    assert_eq!(a.pool().created_total(), 1);
     let direct = a
         .establish_outbound(n.client(), n.echo(), None)
         .await
         .unwrap();
     assert_eq!(
-        a.pool.created_total(),
+        a.pool().created_total(),
         2,
         "the request accepting only the workload identity reused the VIP's connection"
     );
@@ -276,7 +276,7 @@ async fn a_wider_identity_set_is_not_reused_for_a_narrower_one() {
         .establish_outbound(n.client(), n.echo(), None)
         .await
         .unwrap();
-    assert_eq!(a.pool.created_total(), 2);
+    assert_eq!(a.pool().created_total(), 2);
     for est in [via_vip, direct, via_vip_again, direct_again] {
         round_trip(&a, est, b"pooled").await;
     }
@@ -373,7 +373,7 @@ async fn a_peer_with_another_identity_is_a_tls_failure() {
         "{e}"
     );
     assert_eq!(last_close(&hooks).response_flags, "TLS_FAILURE");
-    assert_eq!(a.pool.connections(), 0);
+    assert_eq!(a.pool().connections(), 0);
 }
 
 #[tokio::test]

@@ -118,7 +118,7 @@ async fn transport_policy_runs_before_the_waypoint_sees_anything() {
         matches!(&e, OutboundError::Denied { by, .. } if by == "test"),
         "{e}"
     );
-    assert_eq!(a.pool.created_total(), 0);
+    assert_eq!(a.pool().created_total(), 0);
     assert_eq!(
         accepted.load(Ordering::SeqCst),
         0,
