@@ -242,6 +242,12 @@ impl ShardThreads {
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     // `_log_flush` is dropped last (locals drop in reverse): the lines of the whole drain are written.
     let (logs, _log_flush) = logging::init(&args.log, args.log_format, args.log_linger)?;
+    if args.shards > 0 && args.inpod.mode == crate::inpod::Mode::Inpod {
+        anyhow::bail!(
+            "--shards is not supported with --mode inpod yet (per-pod data paths run on the worker threads)"
+        );
+    }
+
     let control = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .thread_name("weft-control")
