@@ -239,6 +239,19 @@ impl NetMesh {
         SocketAddr::from((self.server_ip, 8080))
     }
 
+    /// Starts an echo server on [`NetMesh::server`] in node B's namespace, running until the process ends (its
+    /// thread is detached when the handle is dropped).
+    pub fn spawn_echo(&self) -> std::thread::JoinHandle<Result<Result<(), String>, String>> {
+        let dst = self.server();
+        self.ns_b.run(move || async move {
+            let (_, serving) = weft_devmesh::workload::echo_server(dst)
+                .await
+                .map_err(|e| format!("echo server on {dst}: {e}"))?;
+            let _ = serving.await;
+            Ok(())
+        })
+    }
+
     /// The mesh file both nodes watch (rewrite it to change the mesh).
     pub fn config_path(&self) -> PathBuf {
         self.dir.path().join("mesh.yaml")
@@ -368,4 +381,28 @@ pub async fn connect(dst: SocketAddr, bypass: bool) -> std::io::Result<tokio::ne
     sock.set_tcp_nodelay(true)?;
     let tcp = tokio::net::TcpSocket::from_std_stream(std::net::TcpStream::from(sock));
     tcp.connect(dst).await
+}
+
+/// From inside `ns`, sends `data` to `dst` through capture (a new connection each attempt) and returns what the
+/// echo server there sent back, retrying until a whole exchange succeeds (the server may still be starting).
+pub async fn echo_through_capture(ns: &Netns, dst: SocketAddr, data: &[u8]) -> Vec<u8> {
+    crate::eventually(
+        Duration::from_secs(30),
+        "a round trip through capture",
+        || {
+            let sent = data.to_vec();
+            let h = ns.run(move || async move {
+                weft_devmesh::workload::round_trip(connect(dst, false).await?, &sent).await
+            });
+            async move {
+                tokio::task::spawn_blocking(move || h.join())
+                    .await
+                    .ok()?
+                    .ok()?
+                    .ok()?
+                    .ok()
+            }
+        },
+    )
+    .await
 }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use weft_conformance::netmesh::{NetMesh, connect};
+use weft_conformance::netmesh::{NetMesh, connect, echo_through_capture};
 use weft_conformance::{eventually, metric_sum};
 use weft_devmesh::workload;
 
@@ -15,30 +15,12 @@ async fn captured_traffic_goes_through_hbone_and_plaintext_inbound_works() {
         .await
         .expect("network namespaces (needs root)");
     let dst = mesh.server();
-    let _echo = mesh.ns_b.run(move || async move {
-        let (_, t) = workload::echo_server(dst).await.unwrap();
-        let _ = t.await;
-    });
+    let _echo = mesh.spawn_echo();
     let mut data: Vec<u8> = (0..1_000_000u32).map(|i| (i % 253) as u8).collect();
     data.push(7);
 
     // 1. An unmodified client dials the server; capture sends it through weft and HBONE.
-    let sent = data.clone();
-    let back = eventually(Duration::from_secs(30), "echo server up", || {
-        let sent = sent.clone();
-        let h = mesh.ns_a.run(move || async move {
-            workload::round_trip(connect(dst, false).await?, &sent).await
-        });
-        async move {
-            tokio::task::spawn_blocking(move || h.join())
-                .await
-                .ok()?
-                .ok()?
-                .ok()?
-                .ok()
-        }
-    })
-    .await;
+    let back = echo_through_capture(&mesh.ns_a, dst, &data).await;
     assert!(
         back == data,
         "captured echo corrupted: {} bytes back",

@@ -7,7 +7,7 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use weft_conformance::eventually;
-use weft_conformance::netmesh::{Layout, NetMesh, connect, yaml};
+use weft_conformance::netmesh::{Layout, NetMesh, connect, echo_through_capture, yaml};
 use weft_devmesh::workload;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -20,29 +20,11 @@ async fn sharded_nodes_carry_captured_traffic_on_one_hbone_connection_per_shard(
         .await
         .expect("network namespaces (needs root)");
     let dst = mesh.server();
-    let _echo = mesh.ns_b.run(move || async move {
-        let (_, t) = workload::echo_server(dst).await.unwrap();
-        let _ = t.await;
-    });
+    let _echo = mesh.spawn_echo();
     let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
 
     // The first exchange waits for the echo server; then five more, one connection each, in turn on both shards.
-    let sent = data.clone();
-    let first = eventually(Duration::from_secs(30), "echo server up", || {
-        let sent = sent.clone();
-        let h = mesh.ns_a.run(move || async move {
-            workload::round_trip(connect(dst, false).await?, &sent).await
-        });
-        async move {
-            tokio::task::spawn_blocking(move || h.join())
-                .await
-                .ok()?
-                .ok()?
-                .ok()?
-                .ok()
-        }
-    })
-    .await;
+    let first = echo_through_capture(&mesh.ns_a, dst, &data).await;
     assert!(first == data, "echo corrupted: {} bytes back", first.len());
     for i in 0..5 {
         let sent = data.clone();

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use weft_conformance::eventually;
-use weft_conformance::netmesh::connect;
+use weft_conformance::netmesh::{connect, echo_through_capture};
 use weft_conformance::ztunnel::{MixedMesh, ztunnel_binary};
 use weft_devmesh::workload;
 use weft_identity::{LocalCa, ManagerConfig, SecretManager, SpiffeId};
@@ -44,25 +44,7 @@ async fn captured_round_trips(mesh: &MixedMesh, sizes: &[usize]) -> std::thread:
     });
     for (i, &len) in sizes.iter().enumerate() {
         let sent = payload(len, i as u8);
-        let back = eventually(
-            Duration::from_secs(30),
-            "round trip through capture",
-            || {
-                let sent = sent.clone();
-                let h = mesh.topo.ns_a.run(move || async move {
-                    workload::round_trip(connect(dst, false).await?, &sent).await
-                });
-                async move {
-                    tokio::task::spawn_blocking(move || h.join())
-                        .await
-                        .ok()?
-                        .ok()?
-                        .ok()?
-                        .ok()
-                }
-            },
-        )
-        .await;
+        let back = echo_through_capture(&mesh.topo.ns_a, dst, &sent).await;
         assert!(back == sent, "{len} bytes sent, {} came back", back.len());
     }
     echo
