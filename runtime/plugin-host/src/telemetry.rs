@@ -44,7 +44,7 @@ struct State {
     events: usize,
     /// The worker is blocked waiting for a message.
     waiting: bool,
-    /// The sending side is gone: the worker ends once it has taken what is left.
+    /// The sending side is gone (set by its drop): the worker ends once it has taken what is left.
     closed: bool,
 }
 
@@ -110,7 +110,7 @@ impl TelemetryQueue {
     /// Queues an event without blocking; a full queue drops it and counts the drop.
     pub fn send(&self, msg: Msg) {
         let mut state = self.shared.lock();
-        if state.events >= self.capacity || state.closed {
+        if state.events >= self.capacity {
             drop(state);
             self.dropped.inc();
             return;
@@ -132,11 +132,7 @@ impl TelemetryQueue {
     /// Blocks until everything queued so far has been delivered.
     pub fn flush(&self) {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let state = self.shared.lock();
-        if state.closed {
-            return;
-        }
-        self.push(state, Msg::Flush(tx));
+        self.push(self.shared.lock(), Msg::Flush(tx));
         let _ = rx.recv();
     }
 

@@ -245,7 +245,6 @@ impl Proxy {
         Fut: Future<Output = ()> + Send + 'static,
     {
         let actual = lis.local_addr().unwrap_or(addr);
-        tracing::info!(listener = what, addr = %actual, "listening");
         let inner = self.inner.clone();
         let task = match inner.cfg.shards.clone() {
             None => tokio::spawn(accept_loop(inner, lis, what, handler)),
@@ -265,6 +264,7 @@ impl Proxy {
                 }
             },
         };
+        tracing::info!(listener = what, addr = %actual, "listening");
         self.lock_listeners().insert((what, addr), task);
         self.bound
             .lock()
@@ -437,6 +437,7 @@ where
     // Rate limit of the cap warning: when it was last logged and how many refusals it has not reported yet.
     let mut last_warn: Option<tokio::time::Instant> = None;
     let mut unreported: u64 = 0;
+    let shards = inner.cfg.shards.clone();
     loop {
         // Drain first: once it has started, no connection is taken from the accept queue (closing the listener
         // hands the queued ones to the rest of its SO_REUSEPORT group).
@@ -476,10 +477,9 @@ where
                 let span = tracing::debug_span!("conn", listener = what, %peer);
                 // The slot is held until the connection ends, however it ends (the task may be aborted). No
                 // `async` block around the handler: it would store the handler's future twice.
-                let shards = inner.cfg.shards.clone();
                 let conn = tracked.serve_holding(handler(inner, stream, peer), (permit, open));
                 let conn = tracing::Instrument::instrument(conn, span);
-                drop(match shards {
+                drop(match &shards {
                     Some(s) => s.spawn(conn),
                     None => tokio::spawn(conn),
                 });
