@@ -23,6 +23,8 @@ BAD = {
     "grace period as a string": ({"terminationGracePeriodSeconds": "30s"}, "/terminationGracePeriodSeconds"),
     "worker threads zero": ({"workerThreads": 0}, "/workerThreads"),
     "worker threads a word but auto": ({"workerThreads": "all"}, "/workerThreads"),
+    "shards negative": ({"shards": -1}, "/shards"),
+    "shards a word but auto": ({"shards": "many"}, "/shards"),
     "log format": ({"logFormat": "xml"}, "/logFormat"),
     "CA address without https": ({"istio": {"caAddress": "istiod.istio-system.svc:15012"}}, "/istio/caAddress"),
     "token lifetime under 10 min": ({"istio": {"tokenExpirationSeconds": 60}}, "/istio/tokenExpirationSeconds"),

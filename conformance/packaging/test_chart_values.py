@@ -141,6 +141,12 @@ def test_worker_threads_auto_by_default_or_a_number(render):
     assert args_of(render({"workerThreads": "auto"}).container())["worker-threads"] == "auto"
 
 
+def test_shards_auto_by_default_or_a_number_zero_included(render):
+    assert args_of(render().container())["shards"] == "auto"
+    assert args_of(render(values_yaml("shards: 4\n")).container())["shards"] == "4"
+    assert args_of(render({"shards": 0}).container())["shards"] == "0"
+
+
 def test_mark_in_hex_is_not_scientific_notation(render):
     # The bug: `mark: 0x100000` in a values file reached weft as --mark=1.048576e+06 and weft refused to start.
     r = render(values_yaml("mark: 0x100000\nmaxConnectionsPerListener: 1000000\nistio:\n  tokenExpirationSeconds: 86400000\n"))

@@ -278,14 +278,17 @@ pub struct RunArgs {
     /// Probation: calls needed before the failure share is judged.
     #[arg(long, default_value_t = 20)]
     pub plugin_rollout_min_calls: u32,
-    /// Data-path worker threads: a number, or `auto` (the default): a quarter of the CPUs this process may use
+    /// Data-path worker threads: a number, or `auto` (the default): 1 when connections run on shards (the
+    /// workers then carry only the data path's bookkeeping), otherwise a quarter of the CPUs this process may use
     /// (cores, affinity and cgroup CPU limit), at least 2, as ztunnel sizes its own.
     #[arg(long, env = "WEFT_WORKER_THREADS", default_value = "auto", value_parser = parse_worker_threads)]
     pub worker_threads: WorkerThreads,
-    /// Experimental: connections run on this many single-threaded shards (each with its own HBONE pool) instead
-    /// of the worker threads, so one connection's tasks never hand off across threads; 0 (the default): off.
-    #[arg(long, env = "WEFT_SHARDS", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=1024))]
-    pub shards: u16,
+    /// Connections run on this many single-threaded shards, each with its own HBONE pool, so one connection's
+    /// tasks never hand off across threads; 0: off (connections run on the worker threads). `auto` (the
+    /// default): in node mode as many as `--worker-threads auto` would start workers; in in-pod mode off (shards
+    /// do not carry per-pod data paths yet).
+    #[arg(long, env = "WEFT_SHARDS", default_value = "auto", value_parser = parse_shards)]
+    pub shards: ShardCount,
     /// Log filter (tracing EnvFilter syntax); changeable at run time via POST /logging.
     #[arg(long, env = "WEFT_LOG", default_value = "info")]
     pub log: String,
@@ -412,12 +415,52 @@ impl WorkerThreads {
     /// The fewest threads `auto` picks: two, ztunnel's floor too, so a small node's data path is not one thread.
     pub const AUTO_MIN: usize = 2;
 
-    /// The thread count on a machine where this process may use `cpus` CPUs.
-    pub fn count(self, cpus: usize) -> usize {
+    /// The thread count on a machine where this process may use `cpus` CPUs, with `shards` shards carrying the
+    /// connections.
+    pub fn count(self, cpus: usize, shards: usize) -> usize {
         match self {
-            WorkerThreads::Auto => cpus.div_ceil(4).max(Self::AUTO_MIN),
+            WorkerThreads::Auto if shards > 0 => 1,
+            WorkerThreads::Auto => data_threads(cpus),
             WorkerThreads::Fixed(n) => n.max(1),
         }
+    }
+}
+
+/// How many threads carry connections on a machine where this process may use `cpus` CPUs: a quarter of them,
+/// rounded up, at least [`WorkerThreads::AUTO_MIN`].
+fn data_threads(cpus: usize) -> usize {
+    cpus.div_ceil(4).max(WorkerThreads::AUTO_MIN)
+}
+
+/// `weft run --shards`: a fixed count (0: off), or sized from the CPUs available.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardCount {
+    /// In node mode, as many as `--worker-threads auto` would start workers without shards; off in in-pod mode.
+    Auto,
+    /// Exactly this many (0: off).
+    Fixed(usize),
+}
+
+impl ShardCount {
+    /// The shard count on a machine where this process may use `cpus` CPUs (`inpod`: in in-pod mode).
+    pub fn count(self, cpus: usize, inpod: bool) -> usize {
+        match self {
+            ShardCount::Auto if inpod => 0,
+            ShardCount::Auto => data_threads(cpus),
+            ShardCount::Fixed(n) => n,
+        }
+    }
+}
+
+fn parse_shards(s: &str) -> Result<ShardCount, String> {
+    if s == "auto" {
+        return Ok(ShardCount::Auto);
+    }
+    match s.parse::<usize>() {
+        Ok(n) if n <= 1024 => Ok(ShardCount::Fixed(n)),
+        _ => Err(format!(
+            "{s:?} is neither `auto` nor a shard count from 0 (off) to 1024"
+        )),
     }
 }
 
@@ -465,15 +508,52 @@ mod tests {
         assert_eq!(args.worker_threads, WorkerThreads::Auto);
         let auto = WorkerThreads::Auto;
         assert_eq!(
-            [1, 2, 4, 8, 9, 16, 64].map(|c| auto.count(c)),
+            [1, 2, 4, 8, 9, 16, 64].map(|c| auto.count(c, 0)),
             [2, 2, 2, 2, 3, 4, 16]
         );
+        // With shards the workers only keep the books: one.
+        assert_eq!([1, 2, 64].map(|c| auto.count(c, 2)), [1, 1, 1]);
         let args = run_args(&["--worker-threads", "1"]).unwrap();
         assert_eq!(args.worker_threads, WorkerThreads::Fixed(1));
-        assert_eq!(args.worker_threads.count(64), 1);
+        assert_eq!(args.worker_threads.count(64, 0), 1);
+        assert_eq!(
+            run_args(&["--worker-threads", "3"])
+                .unwrap()
+                .worker_threads
+                .count(8, 2),
+            3
+        );
         for bad in ["0", "1.5", "1025", "all", ""] {
             let err = run_args(&["--worker-threads", bad]).unwrap_err();
             assert!(err.to_string().contains("--worker-threads"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn shards_default_to_the_data_thread_count_in_node_mode_and_off_in_pod_mode() {
+        let args = run_args(&[]).unwrap();
+        assert_eq!(args.shards, ShardCount::Auto);
+        let auto = ShardCount::Auto;
+        assert_eq!(
+            [1, 2, 4, 8, 9, 16, 64].map(|c| auto.count(c, false)),
+            [2, 2, 2, 2, 3, 4, 16]
+        );
+        assert_eq!([2, 64].map(|c| auto.count(c, true)), [0, 0]);
+        for (flag, n) in [("0", 0), ("1", 1), ("3", 3)] {
+            let args = run_args(&["--shards", flag]).unwrap();
+            assert_eq!(args.shards, ShardCount::Fixed(n));
+            assert_eq!(args.shards.count(64, false), n);
+            assert_eq!(args.shards.count(64, true), n);
+        }
+        for bad in [
+            "--shards=-1",
+            "--shards=1.5",
+            "--shards=1025",
+            "--shards=all",
+            "--shards=",
+        ] {
+            let err = run_args(&[bad]).unwrap_err();
+            assert!(err.to_string().contains("--shards"), "{bad}: {err}");
         }
     }
 

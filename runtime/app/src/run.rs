@@ -151,7 +151,7 @@ fn plugin_host_config(args: &RunArgs) -> HostConfig {
     // then leaves instances for the plugin's healthy calls while the refill thread replaces the lost ones.
     let instances = defaults
         .prewarm_instances
-        .max((worker_threads(args) + usize::from(args.shards) + 1) * 2 + 2);
+        .max((worker_threads(args) + shard_count(args) + 1) * 2 + 2);
     HostConfig {
         cache_dir: args.plugin_cache.clone(),
         compiler: match args.plugin_compiler {
@@ -184,9 +184,18 @@ fn available_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
 }
 
-/// The data path's worker threads (`--worker-threads`, `auto` sized from [`available_cpus`]).
+/// The data path's worker threads (`--worker-threads`, `auto` sized from [`available_cpus`] and the shards).
 fn worker_threads(args: &RunArgs) -> usize {
-    args.worker_threads.count(available_cpus())
+    args.worker_threads
+        .count(available_cpus(), shard_count(args))
+}
+
+/// The data path's shards (`--shards`, `auto` sized from [`available_cpus`] and the mode); 0: none.
+fn shard_count(args: &RunArgs) -> usize {
+    args.shards.count(
+        available_cpus(),
+        args.inpod.mode == crate::inpod::Mode::Inpod,
+    )
 }
 
 /// The shards' threads (`--shards`): each drives a current-thread runtime until it is told to stop.
@@ -242,9 +251,9 @@ impl ShardThreads {
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     // `_log_flush` is dropped last (locals drop in reverse): the lines of the whole drain are written.
     let (logs, _log_flush) = logging::init(&args.log, args.log_format, args.log_linger)?;
-    if args.shards > 0 && args.inpod.mode == crate::inpod::Mode::Inpod {
+    if shard_count(&args) > 0 && args.inpod.mode == crate::inpod::Mode::Inpod {
         anyhow::bail!(
-            "--shards is not supported with --mode inpod yet (per-pod data paths run on the worker threads)"
+            "--shards is not supported with --mode inpod yet (per-pod data paths run on the worker threads): use --shards auto or 0"
         );
     }
 
@@ -348,14 +357,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             Box::new(move || serde_json::to_value(host.status()).unwrap_or_default())
         },
     });
-    let shards = match args.shards {
+    let shards = match shard_count(&args) {
         0 => None,
-        n => Some(ShardThreads::start(usize::from(n))?),
+        n => Some(ShardThreads::start(n)?),
     };
     let mut pcfg = proxy_config(&args);
     pcfg.shards = shards.as_ref().map(|s| s.shards.clone());
     tracing::info!(node = %args.node, config = ?args.config, xds = ?args.xds.xds_address, version = state.version(),
-        worker_threads = worker_threads(&args), shards = args.shards, cpus = available_cpus(), "weft starting");
+        worker_threads = worker_threads(&args), shards = shard_count(&args), cpus = available_cpus(), "weft starting");
 
     control.block_on(async {
         // Signal handlers first: a SIGTERM that arrives while weft starts (a supervisor that reads "ready" and

@@ -7,8 +7,8 @@
 //! Reading a thread's CPU clock is a system call (about a microsecond, a third of a whole policy decision), so a
 //! call does not read it when it starts: it takes an upper bound from the thread's last reading plus the wall time
 //! since (a thread's CPU time cannot grow faster than the wall clock), and reads the clock only when that reading
-//! is older than [`CPU_CLOCK_REFRESH`]. A start that is too late can only make the measured use smaller, by at
-//! most that interval: a call gets at most that much more CPU than its budget, never less. The check, which runs
+//! is older than half the call's budget (at most [`CPU_CLOCK_REFRESH`]). A start that is too late can only make the
+//! measured use smaller, by at most that age: a call gets at most 1.5× its budget, whatever the budget, never less. The check, which runs
 //! only for calls that outlive an epoch deadline, reads the clock itself.
 
 use std::cell::Cell;
@@ -34,10 +34,16 @@ pub(crate) fn thread_cpu_time() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
-/// How old this thread's last CPU clock reading may be before a call start reads the clock again: half the default
-/// call budget (10 ms), so a call gets at most 1.5× its budget. The reading costs several microseconds on a
-/// virtual machine (a profile at 9,000 connections/s put a quarter of `authorize`'s time in it at a 2 ms refresh).
+/// The oldest this thread's last CPU clock reading may be before a call start reads the clock again; a call's own
+/// limit is the smaller of this and half its budget ([`refresh_for`]), so a call gets at most 1.5× its budget. The
+/// reading costs several microseconds on a virtual machine (a profile at 9,000 connections/s put a quarter of
+/// `authorize`'s time in it at a 2 ms refresh).
 pub(crate) const CPU_CLOCK_REFRESH: Duration = Duration::from_millis(5);
+
+/// How old a reading a call with `budget` may start from: half the budget, at most [`CPU_CLOCK_REFRESH`].
+pub(crate) fn refresh_for(budget: Duration) -> Duration {
+    (budget / 2).min(CPU_CLOCK_REFRESH)
+}
 
 thread_local! {
     /// This thread's last CPU clock reading and the wall time it was taken at.
@@ -51,12 +57,12 @@ fn read_thread_cpu_time(now: Instant) -> Duration {
     cpu
 }
 
-/// A value at least the current thread's CPU time at `now` and at most [`CPU_CLOCK_REFRESH`] above it: the last
-/// reading plus the wall time since, or a fresh reading when the last is older than that (or from the future,
-/// which `now` being an earlier instant would mean).
-pub(crate) fn thread_cpu_time_upper_bound(now: Instant) -> Duration {
+/// A value at least the current thread's CPU time at `now` and at most `max_age` above it: the last reading plus
+/// the wall time since, or a fresh reading when the last is older than `max_age` (or from the future, which `now`
+/// being an earlier instant would mean).
+pub(crate) fn thread_cpu_time_upper_bound(now: Instant, max_age: Duration) -> Duration {
     match LAST_CPU_READING.with(Cell::get) {
-        Some((cpu, at)) if now >= at && now - at <= CPU_CLOCK_REFRESH => cpu + (now - at),
+        Some((cpu, at)) if now >= at && now - at <= max_age => cpu + (now - at),
         _ => read_thread_cpu_time(now),
     }
 }
@@ -83,7 +89,7 @@ impl Budget {
     /// Starts a call with `budget`; returns the epoch ticks to the first check.
     pub fn start(&mut self, budget: Duration) -> u64 {
         let now = Instant::now();
-        self.cpu_start = thread_cpu_time_upper_bound(now);
+        self.cpu_start = thread_cpu_time_upper_bound(now, refresh_for(budget));
         self.wall_start = now;
         self.cpu_budget = budget;
         ticks(budget, self.tick)
@@ -131,7 +137,7 @@ mod tests {
     fn a_start_bounds_the_cpu_clock_from_above_by_at_most_the_refresh_interval() {
         for round in 0..200 {
             let before = thread_cpu_time();
-            let bound = thread_cpu_time_upper_bound(Instant::now());
+            let bound = thread_cpu_time_upper_bound(Instant::now(), CPU_CLOCK_REFRESH);
             let after = thread_cpu_time();
             assert!(bound >= before, "round {round}: {bound:?} < {before:?}");
             assert!(
@@ -149,13 +155,20 @@ mod tests {
         // Within the refresh interval: the last reading plus the wall time since, no new reading.
         let later = t0 + CPU_CLOCK_REFRESH / 2;
         assert_eq!(
-            thread_cpu_time_upper_bound(later),
+            thread_cpu_time_upper_bound(later, CPU_CLOCK_REFRESH),
             first + CPU_CLOCK_REFRESH / 2
         );
         assert_eq!(LAST_CPU_READING.with(Cell::get), Some((first, t0)));
+        // A smaller limit (a smaller budget's) reads again at the same instant.
+        let strict = thread_cpu_time_upper_bound(later, CPU_CLOCK_REFRESH / 4);
+        assert_eq!(
+            LAST_CPU_READING.with(Cell::get).map(|(_, at)| at),
+            Some(later)
+        );
+        assert!(strict >= first);
         // Past it: read again (taken at `much_later`).
         let much_later = t0 + CPU_CLOCK_REFRESH * 3;
-        let fresh = thread_cpu_time_upper_bound(much_later);
+        let fresh = thread_cpu_time_upper_bound(much_later, CPU_CLOCK_REFRESH);
         assert_eq!(
             LAST_CPU_READING.with(Cell::get).map(|(_, at)| at),
             Some(much_later)
@@ -178,10 +191,33 @@ mod tests {
         b.start(Duration::from_millis(50));
         spin_cpu(Duration::from_millis(1));
         assert!(matches!(b.check(), UpdateDeadline::Continue(_)));
-        // Budget 2 ms: at most the refresh interval is forgiven, so budget + refresh + 1 ms of CPU is over it.
+        // Budget 2 ms: at most half of it (1 ms) is forgiven, so 3.5 ms of CPU is over it.
         let mut b = Budget::new(Duration::from_millis(1));
         b.start(Duration::from_millis(2));
-        spin_cpu(Duration::from_millis(3) + CPU_CLOCK_REFRESH);
+        spin_cpu(Duration::from_micros(3500));
+        assert!(matches!(b.check(), UpdateDeadline::Interrupt));
+    }
+
+    #[test]
+    fn a_small_budget_forgives_at_most_half_of_itself() {
+        assert_eq!(refresh_for(Duration::from_millis(10)), CPU_CLOCK_REFRESH);
+        assert_eq!(refresh_for(Duration::from_secs(1)), CPU_CLOCK_REFRESH);
+        assert_eq!(
+            refresh_for(Duration::from_millis(2)),
+            Duration::from_millis(1)
+        );
+        // A budget of 1 ms started from a reading 2 ms old: the start reads the clock again, so only CPU really
+        // spent counts and 1.5 ms of it is over the budget.
+        let t0 = Instant::now();
+        read_thread_cpu_time(t0);
+        spin(Duration::from_millis(2));
+        let mut b = Budget::new(Duration::from_millis(1));
+        b.start(Duration::from_millis(1));
+        let (_, at) = LAST_CPU_READING
+            .with(Cell::get)
+            .unwrap_or((Duration::ZERO, t0));
+        assert!(at > t0, "the start did not read the clock again");
+        spin_cpu(Duration::from_micros(1500));
         assert!(matches!(b.check(), UpdateDeadline::Interrupt));
     }
 }

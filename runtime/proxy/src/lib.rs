@@ -97,7 +97,8 @@ impl Inner {
 /// The running data path.
 pub struct Proxy {
     inner: Arc<Inner>,
-    listeners: Mutex<HashMap<(&'static str, SocketAddr), JoinHandle<()>>>,
+    /// Each listener's accept loops: one, or one per shard for a listener every shard accepts on.
+    listeners: Mutex<HashMap<(&'static str, SocketAddr), Vec<JoinHandle<()>>>>,
     bound: Mutex<Vec<(&'static str, SocketAddr)>>,
     ready: AtomicBool,
 }
@@ -246,35 +247,81 @@ impl Proxy {
     {
         let actual = lis.local_addr().unwrap_or(addr);
         let inner = self.inner.clone();
-        let task = match inner.cfg.shards.clone() {
-            None => tokio::spawn(accept_loop(inner, lis, what, handler)),
-            // The listener moves to the shard's own reactor, so its readiness wakes that thread directly.
-            Some(shards) => match lis.into_std() {
-                Ok(std) => shards.spawn(async move {
-                    match TcpListener::from_std(std) {
-                        Ok(lis) => accept_loop(inner, lis, what, handler).await,
-                        Err(e) => {
-                            tracing::error!(listener = what, error = %e, "cannot move a listener to its shard")
-                        }
-                    }
-                }),
+        // The connection cap holds for the listener, whichever loop accepts.
+        let slots = inner
+            .cfg
+            .max_connections_per_listener
+            .map(|n| Arc::new(tokio::sync::Semaphore::new(n)));
+        let tasks = match inner.cfg.shards.clone() {
+            None => vec![tokio::spawn(accept_loop(
+                inner, lis, what, handler, slots, None,
+            ))],
+            // The listener moves to the shards' own reactors, so its readiness wakes their threads directly.
+            Some(shards) => match Self::shard_loops(&shards, inner, lis, what, handler, slots) {
+                Ok(tasks) => tasks,
                 Err(e) => {
-                    tracing::error!(listener = what, error = %e, "cannot move a listener to a shard");
+                    tracing::error!(listener = what, error = %e, "cannot move a listener to the shards");
                     return;
                 }
             },
         };
         tracing::info!(listener = what, addr = %actual, "listening");
-        self.lock_listeners().insert((what, addr), task);
+        self.lock_listeners().insert((what, addr), tasks);
         self.bound
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push((what, actual));
     }
 
+    /// The accept loops of a listener served by the shards. A listener of short-lived connections is polled by
+    /// every shard (each on a copy of the socket) and a connection stays on the shard that accepted it: no
+    /// hand-off, and a busy shard simply accepts less. An inbound HBONE listener has one loop that deals its
+    /// connections to the shards in turn: they are few and long-lived (one per peer node and shard), so an even
+    /// spread matters more than the one hand-off each.
+    fn shard_loops<F, Fut>(
+        shards: &Arc<shards::Shards>,
+        inner: Arc<Inner>,
+        lis: TcpListener,
+        what: &'static str,
+        handler: F,
+        slots: Option<Arc<tokio::sync::Semaphore>>,
+    ) -> std::io::Result<Vec<JoinHandle<()>>>
+    where
+        F: Fn(Arc<Inner>, TcpStream, SocketAddr) -> Fut + Send + Sync + Copy + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let std = lis.into_std()?;
+        let copies = if what == "inbound_hbone" {
+            vec![std]
+        } else {
+            let mut copies = (1..shards.len())
+                .map(|_| std.try_clone())
+                .collect::<std::io::Result<Vec<_>>>()?;
+            copies.push(std);
+            copies
+        };
+        let deal = (copies.len() == 1).then(|| shards.clone());
+        let first = shards.next_index();
+        Ok(copies
+            .into_iter()
+            .enumerate()
+            .map(|(i, std)| {
+                let (inner, slots, deal) = (inner.clone(), slots.clone(), deal.clone());
+                shards.spawn_on(first + i, async move {
+                    match TcpListener::from_std(std) {
+                        Ok(lis) => accept_loop(inner, lis, what, handler, slots, deal).await,
+                        Err(e) => {
+                            tracing::error!(listener = what, error = %e, "cannot move a listener to its shard")
+                        }
+                    }
+                })
+            })
+            .collect())
+    }
+
     fn lock_listeners(
         &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<(&'static str, SocketAddr), JoinHandle<()>>> {
+    ) -> std::sync::MutexGuard<'_, HashMap<(&'static str, SocketAddr), Vec<JoinHandle<()>>>> {
         self.listeners
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -299,9 +346,9 @@ impl Proxy {
             .copied()
             .collect();
         for key in stale {
-            if let Some(t) = self.lock_listeners().remove(&key) {
+            if let Some(tasks) = self.lock_listeners().remove(&key) {
                 tracing::info!(addr = %key.1, "workload left: HBONE listener stopped");
-                t.abort();
+                tasks.iter().for_each(JoinHandle::abort);
             }
             self.bound
                 .lock()
@@ -377,7 +424,8 @@ impl Proxy {
         let tracker = &self.inner.tracker;
         tracing::info!(live = tracker.len(), accepted = tracker.accepted_len(), deadline = ?self.inner.cfg.drain_deadline, "draining");
         self.inner.drain.cancel();
-        let loops: Vec<JoinHandle<()>> = self.lock_listeners().drain().map(|(_, t)| t).collect();
+        let loops: Vec<JoinHandle<()>> =
+            self.lock_listeners().drain().flat_map(|(_, t)| t).collect();
         for t in loops {
             // An accept loop returns at its next poll once the drain token is cancelled (it never holds an
             // accepted connection across an await): this does not wait on any peer.
@@ -420,8 +468,16 @@ impl Proxy {
 /// Minimum time between two "connection cap reached" warnings of one listener.
 const CAP_WARN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 
-async fn accept_loop<F, Fut>(inner: Arc<Inner>, lis: TcpListener, what: &'static str, handler: F)
-where
+/// Accepts on `lis` until the drain. Each connection runs on the calling thread's runtime, or, with `deal`, on the
+/// shards in turn.
+async fn accept_loop<F, Fut>(
+    inner: Arc<Inner>,
+    lis: TcpListener,
+    what: &'static str,
+    handler: F,
+    slots: Option<Arc<tokio::sync::Semaphore>>,
+    deal: Option<Arc<shards::Shards>>,
+) where
     F: Fn(Arc<Inner>, TcpStream, SocketAddr) -> Fut + Send + Sync + Copy + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
@@ -433,11 +489,9 @@ where
         .clone();
     let open = inner.metrics.listener_open.get_or_create(&labels).clone();
     let cap = inner.cfg.max_connections_per_listener;
-    let slots = cap.map(|n| Arc::new(tokio::sync::Semaphore::new(n)));
     // Rate limit of the cap warning: when it was last logged and how many refusals it has not reported yet.
     let mut last_warn: Option<tokio::time::Instant> = None;
     let mut unreported: u64 = 0;
-    let shards = inner.cfg.shards.clone();
     loop {
         // Drain first: once it has started, no connection is taken from the accept queue (closing the listener
         // hands the queued ones to the rest of its SO_REUSEPORT group).
@@ -479,7 +533,7 @@ where
                 // `async` block around the handler: it would store the handler's future twice.
                 let conn = tracked.serve_holding(handler(inner, stream, peer), (permit, open));
                 let conn = tracing::Instrument::instrument(conn, span);
-                drop(match &shards {
+                drop(match &deal {
                     Some(s) => s.spawn(conn),
                     None => tokio::spawn(conn),
                 });

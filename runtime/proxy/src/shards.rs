@@ -4,10 +4,11 @@
 //! On a multi-threaded runtime one connection's relay task and the HTTP/2 connection task it sends through may run
 //! on different workers: every hand-off between them is a cross-thread wake-up (a futex or eventfd write and a
 //! context switch), h2's stream state lock is taken from both threads, and idle workers are woken to steal work.
-//! With shards, each listener's accept loop runs on a shard (in turn), an accepted connection is handed to one shard
-//! (in turn; spawning onto the accepting shard itself wakes no other thread) and everything it spawns stays there;
-//! each shard has its own HBONE pool (see [`current`]), so its outbound streams go over connections driven by the
-//! same thread.
+//! With shards, every shard accepts on each short-lived-connection listener (capture, SOCKS5, inbound plaintext:
+//! the shards poll one shared socket, whichever is free takes the next connection and keeps it, so no thread hands
+//! a connection to another), while an inbound HBONE listener's connections, few and long-lived, are dealt to the
+//! shards in turn so they spread evenly. Everything a connection spawns stays on its shard, and each shard has its
+//! own HBONE pool (see [`current`]), so its outbound streams go over connections driven by the same thread.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -58,13 +59,26 @@ impl Shards {
         self.handles.is_empty()
     }
 
+    /// Runs `fut` on shard `index` (modulo the number of shards).
+    pub fn spawn_on<F>(&self, index: usize, fut: F) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.handles[index % self.handles.len()].spawn(fut)
+    }
+
+    /// The index of the next shard in turn (any value: [`Shards::spawn_on`] takes it modulo the count).
+    pub fn next_index(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
     /// Runs `fut` on the next shard in turn.
     pub fn spawn<F>(&self, fut: F) -> JoinHandle<F::Output>
     where
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.handles.len();
-        self.handles[i].spawn(fut)
+        self.spawn_on(self.next_index(), fut)
     }
 }
