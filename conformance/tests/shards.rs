@@ -1,6 +1,7 @@
-//! `weft run --shards`: connections carried by single-threaded shards, each with its own HBONE pool. Captured
-//! traffic through two sharded nodes in network namespaces arrives intact, alternate connections ride each shard's
-//! own HBONE connection, and a sharded node drains and exits on SIGTERM. Needs root (CI runs as root).
+//! `weft run --shards`: connections carried by single-threaded shards (the default), each with its own HBONE pool,
+//! or by the worker threads (`--shards 0`). Captured traffic through two nodes in network namespaces arrives intact
+//! either way, each shard's connections ride its own HBONE connection (a node without shards keeps one), and the
+//! nodes drain and exit on SIGTERM. Needs root (CI runs as root).
 #![allow(clippy::unwrap_used)] // a test panics to fail
 
 use std::net::Ipv4Addr;
@@ -12,18 +13,39 @@ use weft_devmesh::workload;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sharded_nodes_carry_captured_traffic_on_one_hbone_connection_per_shard() {
-    let (c, s) = (Ipv4Addr::new(10, 248, 13, 1), Ipv4Addr::new(10, 248, 13, 2));
+    // Whichever shard is free accepts a connection, so six connections in a row may all land on one shard: each
+    // shard opens at most one HBONE connection, and reuses it.
+    carry_six_exchanges("sh", 13, "2", 2, 1..=2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_without_shards_carry_captured_traffic_on_the_worker_threads() {
+    // One pool for the node: one HBONE connection for all six.
+    carry_six_exchanges("ns", 14, "0", 0, 1..=1).await;
+}
+
+/// Two nodes with `--shards <shards>` (in 10.248.<net>.0/24): six captured 200 KB echoes arrive intact and are
+/// logged whole on both nodes, node A made `hbone` HBONE connections, node B's start line says `logged` shards, and
+/// both drain and exit on SIGTERM.
+async fn carry_six_exchanges(
+    name: &str,
+    net: u8,
+    shards: &str,
+    logged: u64,
+    hbone: std::ops::RangeInclusive<u64>,
+) {
+    let (c, s) = (Ipv4Addr::new(10, 248, net, 1), Ipv4Addr::new(10, 248, net, 2));
     let mut layout = Layout::new(c, s, 24);
-    layout.flags_a.extend(["--shards".into(), "2".into()]);
-    layout.flags_b.extend(["--shards".into(), "2".into()]);
-    let mut mesh = NetMesh::start_with("sh", &layout, &yaml(c, s), "info")
+    layout.flags_a.extend(["--shards".into(), shards.into()]);
+    layout.flags_b.extend(["--shards".into(), shards.into()]);
+    let mut mesh = NetMesh::start_with(name, &layout, &yaml(c, s), "info")
         .await
         .expect("network namespaces (needs root)");
     let dst = mesh.server();
     let _echo = mesh.spawn_echo();
     let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
 
-    // The first exchange waits for the echo server; then five more, one connection each, in turn on both shards.
+    // The first exchange waits for the echo server; then five more, one connection each.
     let first = echo_through_capture(&mesh.ns_a, dst, &data).await;
     assert!(first == data, "echo corrupted: {} bytes back", first.len());
     for i in 0..5 {
@@ -55,12 +77,11 @@ async fn sharded_nodes_carry_captured_traffic_on_one_hbone_connection_per_shard(
         },
     )
     .await;
-    // Six connections handed to two shards in turn: each shard opened one HBONE connection of its own and reused
-    // it (one shared pool would have made one).
     let dump = mesh.a.config_dump().await.unwrap();
-    assert_eq!(
-        dump["connections"]["hboneCreated"], 2,
-        "{}",
+    let created = dump["connections"]["hboneCreated"].as_u64();
+    assert!(
+        created.is_some_and(|n| hbone.contains(&n)),
+        "HBONE connections created: {} (expected {hbone:?})",
         dump["connections"]
     );
     let starting = mesh
@@ -69,9 +90,15 @@ async fn sharded_nodes_carry_captured_traffic_on_one_hbone_connection_per_shard(
         .into_iter()
         .find(|l| l["message"] == "weft starting")
         .expect("node B's start line");
-    assert_eq!(starting["shards"], 2, "{starting}");
+    assert_eq!(starting["shards"], logged, "{starting}");
+    // With shards the worker threads only keep the books (one); without, `auto` gives at least two.
+    let workers = starting["worker_threads"].as_u64().unwrap_or(0);
+    assert!(
+        if logged > 0 { workers == 1 } else { workers >= 2 },
+        "{starting}"
+    );
 
-    // SIGTERM: both sharded nodes drain and exit by themselves.
+    // SIGTERM: both nodes drain and exit by themselves.
     assert!(
         mesh.a.terminate(Duration::from_secs(20)).await,
         "node A did not exit on SIGTERM"

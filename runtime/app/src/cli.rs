@@ -285,8 +285,7 @@ pub struct RunArgs {
     pub worker_threads: WorkerThreads,
     /// Connections run on this many single-threaded shards, each with its own HBONE pool, so one connection's
     /// tasks never hand off across threads; 0: off (connections run on the worker threads). `auto` (the
-    /// default): in node mode as many as `--worker-threads auto` would start workers; in in-pod mode off (shards
-    /// do not carry per-pod data paths yet).
+    /// default): as many as `--worker-threads auto` would start workers without shards.
     #[arg(long, env = "WEFT_SHARDS", default_value = "auto", value_parser = parse_shards)]
     pub shards: ShardCount,
     /// Log filter (tracing EnvFilter syntax); changeable at run time via POST /logging.
@@ -435,17 +434,16 @@ fn data_threads(cpus: usize) -> usize {
 /// `weft run --shards`: a fixed count (0: off), or sized from the CPUs available.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ShardCount {
-    /// In node mode, as many as `--worker-threads auto` would start workers without shards; off in in-pod mode.
+    /// As many as `--worker-threads auto` would start workers without shards.
     Auto,
     /// Exactly this many (0: off).
     Fixed(usize),
 }
 
 impl ShardCount {
-    /// The shard count on a machine where this process may use `cpus` CPUs (`inpod`: in in-pod mode).
-    pub fn count(self, cpus: usize, inpod: bool) -> usize {
+    /// The shard count on a machine where this process may use `cpus` CPUs.
+    pub fn count(self, cpus: usize) -> usize {
         match self {
-            ShardCount::Auto if inpod => 0,
             ShardCount::Auto => data_threads(cpus),
             ShardCount::Fixed(n) => n,
         }
@@ -530,20 +528,18 @@ mod tests {
     }
 
     #[test]
-    fn shards_default_to_the_data_thread_count_in_node_mode_and_off_in_pod_mode() {
+    fn shards_default_to_the_data_thread_count() {
         let args = run_args(&[]).unwrap();
         assert_eq!(args.shards, ShardCount::Auto);
         let auto = ShardCount::Auto;
         assert_eq!(
-            [1, 2, 4, 8, 9, 16, 64].map(|c| auto.count(c, false)),
+            [1, 2, 4, 8, 9, 16, 64].map(|c| auto.count(c)),
             [2, 2, 2, 2, 3, 4, 16]
         );
-        assert_eq!([2, 64].map(|c| auto.count(c, true)), [0, 0]);
         for (flag, n) in [("0", 0), ("1", 1), ("3", 3)] {
             let args = run_args(&["--shards", flag]).unwrap();
             assert_eq!(args.shards, ShardCount::Fixed(n));
-            assert_eq!(args.shards.count(64, false), n);
-            assert_eq!(args.shards.count(64, true), n);
+            assert_eq!(args.shards.count(64), n);
         }
         for bad in [
             "--shards=-1",

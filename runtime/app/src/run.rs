@@ -190,12 +190,9 @@ fn worker_threads(args: &RunArgs) -> usize {
         .count(available_cpus(), shard_count(args))
 }
 
-/// The data path's shards (`--shards`, `auto` sized from [`available_cpus`] and the mode); 0: none.
+/// The data path's shards (`--shards`, `auto` sized from [`available_cpus`]); 0: none.
 fn shard_count(args: &RunArgs) -> usize {
-    args.shards.count(
-        available_cpus(),
-        args.inpod.mode == crate::inpod::Mode::Inpod,
-    )
+    args.shards.count(available_cpus())
 }
 
 /// The shards' threads (`--shards`): each drives a current-thread runtime until it is told to stop.
@@ -251,11 +248,6 @@ impl ShardThreads {
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     // `_log_flush` is dropped last (locals drop in reverse): the lines of the whole drain are written.
     let (logs, _log_flush) = logging::init(&args.log, args.log_format, args.log_linger)?;
-    if shard_count(&args) > 0 && args.inpod.mode == crate::inpod::Mode::Inpod {
-        anyhow::bail!(
-            "--shards is not supported with --mode inpod yet (per-pod data paths run on the worker threads): use --shards auto or 0"
-        );
-    }
 
     let control = tokio::runtime::Builder::new_current_thread()
         .enable_all()
