@@ -34,7 +34,10 @@ async fn carry_six_exchanges(
     logged: u64,
     hbone: std::ops::RangeInclusive<u64>,
 ) {
-    let (c, s) = (Ipv4Addr::new(10, 248, net, 1), Ipv4Addr::new(10, 248, net, 2));
+    let (c, s) = (
+        Ipv4Addr::new(10, 248, net, 1),
+        Ipv4Addr::new(10, 248, net, 2),
+    );
     let mut layout = Layout::new(c, s, 24);
     layout.flags_a.extend(["--shards".into(), shards.into()]);
     layout.flags_b.extend(["--shards".into(), shards.into()]);
@@ -94,7 +97,11 @@ async fn carry_six_exchanges(
     // With shards the worker threads only keep the books (one); without, `auto` gives at least two.
     let workers = starting["worker_threads"].as_u64().unwrap_or(0);
     assert!(
-        if logged > 0 { workers == 1 } else { workers >= 2 },
+        if logged > 0 {
+            workers == 1
+        } else {
+            workers >= 2
+        },
         "{starting}"
     );
 

@@ -1,5 +1,6 @@
 //! The per-listener connection cap on a real listener: with the cap at N and N connections held, the next one
-//! is closed at once and counted; once one of the N ends, a new connection is served again.
+//! is closed at once and counted; once one of the N ends, a new connection is served again. With shards the cap
+//! holds for the listener as a whole, whichever shard accepts.
 #![allow(clippy::unwrap_used)] // a test panics to fail
 
 use std::net::SocketAddr;
@@ -9,13 +10,43 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use weft_proxy::metrics::ListenerLabels;
+use weft_proxy::shards::Shards;
 use weft_proxy::{InboundBind, Proxy, ProxyConfig, ProxyMetrics};
 
 const CAP: usize = 3;
 const SOCKS5: ListenerLabels = ListenerLabels { listener: "socks5" };
 
 async fn proxy(metrics: Arc<ProxyMetrics>, cap: Option<usize>) -> (Arc<Proxy>, SocketAddr) {
+    proxy_on(metrics, cap, None).await
+}
+
+/// `n` shards as `weft run` starts them: current-thread runtimes, each driven by a thread of its own (left
+/// running until the test process ends), and their handles.
+fn shards(n: usize) -> (Arc<Shards>, Vec<tokio::runtime::Handle>) {
+    let handles = (0..n)
+        .map(|i| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let handle = rt.handle().clone();
+            std::thread::spawn(move || {
+                weft_proxy::shards::enter(i);
+                rt.block_on(std::future::pending::<()>());
+            });
+            handle
+        })
+        .collect::<Vec<_>>();
+    (Arc::new(Shards::new(handles.clone()).unwrap()), handles)
+}
+
+async fn proxy_on(
+    metrics: Arc<ProxyMetrics>,
+    cap: Option<usize>,
+    shards: Option<Arc<Shards>>,
+) -> (Arc<Proxy>, SocketAddr) {
     let mut cfg = ProxyConfig::new("node-a");
+    cfg.shards = shards;
     cfg.outbound_addr = None;
     cfg.inbound_plaintext_addr = None;
     cfg.inbound = InboundBind::Disabled;
@@ -79,6 +110,71 @@ async fn until(what: &str, f: impl Fn() -> bool) {
 async fn a_full_listener_refuses_at_once_and_recovers() {
     let metrics = Arc::new(ProxyMetrics::default());
     let (_proxy, addr) = proxy(metrics.clone(), Some(CAP)).await;
+    full_listener_refuses_and_recovers(&metrics, addr, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cap_holds_for_the_listener_across_its_shards() {
+    // Every shard accepts on the SOCKS5 listener. Which one takes a connection is forced by keeping the others
+    // busy: one held connection per shard, then each shard in turn must refuse (a cap counted per shard would let
+    // each of them take another).
+    let metrics = Arc::new(ProxyMetrics::default());
+    let (shards, handles) = shards(CAP);
+    let (_proxy, addr) = proxy_on(metrics.clone(), Some(CAP), Some(shards)).await;
+    let refused = || metrics.listener_refused.get_or_create(&SOCKS5).get();
+    let mut held = Vec::new();
+    for i in 0..CAP {
+        let _busy = only(&handles, i);
+        held.push(
+            greet(addr)
+                .await
+                .unwrap_or_else(|| panic!("shard {i} refused a connection under the cap")),
+        );
+    }
+    for i in 0..CAP {
+        let _busy = only(&handles, i);
+        assert!(
+            greet(addr).await.is_none(),
+            "shard {i} let a connection over the listener's cap in"
+        );
+    }
+    assert_eq!(refused(), u64::try_from(CAP).unwrap());
+    assert_eq!(
+        metrics.listener_open.get_or_create(&SOCKS5).get(),
+        i64::try_from(CAP).unwrap()
+    );
+}
+
+/// Keeps every shard but `keep` busy (its thread blocked) until dropped, so only `keep` can accept.
+struct Busy(Vec<std::sync::mpsc::Sender<()>>);
+
+fn only(handles: &[tokio::runtime::Handle], keep: usize) -> Busy {
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let release = handles
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != keep)
+        .map(|(_, h)| {
+            let (tx, rx) = std::sync::mpsc::channel::<()>();
+            let started_tx = started_tx.clone();
+            h.spawn(async move {
+                started_tx.send(()).unwrap();
+                // Blocks the shard's thread until the guard is dropped (a closed channel ends the wait).
+                let _ = rx.recv();
+            });
+            tx
+        })
+        .collect::<Vec<_>>();
+    for _ in 0..release.len() {
+        started
+            .recv_timeout(Duration::from_secs(30))
+            .expect("a shard did not start its busy task");
+    }
+    Busy(release)
+}
+
+/// With `CAP` connections held, `over` more are refused and counted; once one held ends, a new one is served.
+async fn full_listener_refuses_and_recovers(metrics: &ProxyMetrics, addr: SocketAddr, over: u64) {
     let refused = || metrics.listener_refused.get_or_create(&SOCKS5).get();
     let open = || metrics.listener_open.get_or_create(&SOCKS5).get();
 
@@ -93,11 +189,11 @@ async fn a_full_listener_refuses_at_once_and_recovers() {
     assert_eq!(open(), i64::try_from(CAP).unwrap());
     assert_eq!(refused(), 0);
 
-    // N+1: closed without being served, and counted.
-    assert!(greet(addr).await.is_none(), "the cap did not hold");
-    assert_eq!(refused(), 1);
-    assert!(greet(addr).await.is_none(), "the cap did not hold");
-    assert_eq!(refused(), 2);
+    // Over the cap: closed without being served, and counted.
+    for i in 1..=over {
+        assert!(greet(addr).await.is_none(), "the cap did not hold");
+        assert_eq!(refused(), i);
+    }
     assert_eq!(open(), i64::try_from(CAP).unwrap());
 
     // One held connection ends: once the listener has seen it go, a new one is served.
@@ -107,7 +203,7 @@ async fn a_full_listener_refuses_at_once_and_recovers() {
     })
     .await;
     held.push(greet(addr).await.expect("a freed slot was not reused"));
-    assert_eq!(refused(), 2);
+    assert_eq!(refused(), over);
 
     // The metric's exported name.
     let mut reg = prometheus_client::registry::Registry::default();
@@ -115,7 +211,9 @@ async fn a_full_listener_refuses_at_once_and_recovers() {
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
     assert!(
-        text.contains("weft_listener_connections_refused_total{listener=\"socks5\"} 2"),
+        text.contains(&format!(
+            "weft_listener_connections_refused_total{{listener=\"socks5\"}} {over}"
+        )),
         "{text}"
     );
 }
