@@ -94,11 +94,14 @@ impl Inner {
     }
 }
 
+/// Each listener's accept loops, by what it serves and its address: one loop, or one per shard for a listener
+/// every shard accepts on.
+type Listeners = HashMap<(&'static str, SocketAddr), Vec<JoinHandle<()>>>;
+
 /// The running data path.
 pub struct Proxy {
     inner: Arc<Inner>,
-    /// Each listener's accept loops: one, or one per shard for a listener every shard accepts on.
-    listeners: Mutex<HashMap<(&'static str, SocketAddr), Vec<JoinHandle<()>>>>,
+    listeners: Mutex<Listeners>,
     bound: Mutex<Vec<(&'static str, SocketAddr)>>,
     ready: AtomicBool,
 }
@@ -319,9 +322,7 @@ impl Proxy {
             .collect())
     }
 
-    fn lock_listeners(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<(&'static str, SocketAddr), Vec<JoinHandle<()>>>> {
+    fn lock_listeners(&self) -> std::sync::MutexGuard<'_, Listeners> {
         self.listeners
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

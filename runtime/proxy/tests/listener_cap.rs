@@ -146,7 +146,10 @@ async fn the_cap_holds_for_the_listener_across_its_shards() {
 }
 
 /// Keeps every shard but `keep` busy (its thread blocked) until dropped, so only `keep` can accept.
-struct Busy(Vec<std::sync::mpsc::Sender<()>>);
+struct Busy {
+    /// Dropping these ends the busy tasks' waits.
+    _release: Vec<std::sync::mpsc::Sender<()>>,
+}
 
 fn only(handles: &[tokio::runtime::Handle], keep: usize) -> Busy {
     let (started_tx, started) = std::sync::mpsc::channel();
@@ -170,7 +173,7 @@ fn only(handles: &[tokio::runtime::Handle], keep: usize) -> Busy {
             .recv_timeout(Duration::from_secs(30))
             .expect("a shard did not start its busy task");
     }
-    Busy(release)
+    Busy { _release: release }
 }
 
 /// With `CAP` connections held, `over` more are refused and counted; once one held ends, a new one is served.
