@@ -13,8 +13,8 @@ use weft_devmesh::workload;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sharded_nodes_carry_captured_traffic_on_one_hbone_connection_per_shard() {
-    // Whichever shard is free accepts a connection, so six connections in a row may all land on one shard: each
-    // shard opens at most one HBONE connection, and reuses it.
+    // Connections one after another stay on the capture listener's home shard (one that ends late may push the
+    // next past the spill margin): each shard opens at most one HBONE connection, and reuses it.
     carry_six_exchanges("sh", 13, "2", 2, 1..=2).await;
 }
 

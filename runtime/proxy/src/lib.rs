@@ -257,7 +257,12 @@ impl Proxy {
             .map(|n| Arc::new(tokio::sync::Semaphore::new(n)));
         let tasks = match inner.cfg.shards.clone() {
             None => vec![tokio::spawn(accept_loop(
-                inner, lis, what, handler, slots, None,
+                inner,
+                lis,
+                what,
+                handler,
+                slots,
+                Placement::Here,
             ))],
             // The listener moves to the shards' own reactors, so its readiness wakes their threads directly.
             Some(shards) => match Self::shard_loops(&shards, inner, lis, what, handler, slots) {
@@ -276,11 +281,8 @@ impl Proxy {
             .push((what, actual));
     }
 
-    /// The accept loops of a listener served by the shards. A listener of short-lived connections is polled by
-    /// every shard (each on a copy of the socket) and a connection stays on the shard that accepted it: no
-    /// hand-off, and a busy shard simply accepts less. An inbound HBONE listener has one loop that deals its
-    /// connections to the shards in turn: they are few and long-lived (one per peer node and shard), so an even
-    /// spread matters more than the one hand-off each.
+    /// The accept loop of a listener served by the shards, on the listener's home shard (homes in turn; see
+    /// [`shards`] for where connections go).
     fn shard_loops<F, Fut>(
         shards: &Arc<shards::Shards>,
         inner: Arc<Inner>,
@@ -294,32 +296,23 @@ impl Proxy {
         Fut: Future<Output = ()> + Send + 'static,
     {
         let std = lis.into_std()?;
-        let copies = if what == "inbound_hbone" {
-            vec![std]
+        let home = shards.next_index();
+        let placement = if what == "inbound_hbone" {
+            Placement::InTurn(shards.clone())
         } else {
-            let mut copies = (1..shards.len())
-                .map(|_| std.try_clone())
-                .collect::<std::io::Result<Vec<_>>>()?;
-            copies.push(std);
-            copies
+            Placement::Home {
+                shards: shards.clone(),
+                home,
+            }
         };
-        let deal = (copies.len() == 1).then(|| shards.clone());
-        let first = shards.next_index();
-        Ok(copies
-            .into_iter()
-            .enumerate()
-            .map(|(i, std)| {
-                let (inner, slots, deal) = (inner.clone(), slots.clone(), deal.clone());
-                shards.spawn_on(first + i, async move {
-                    match TcpListener::from_std(std) {
-                        Ok(lis) => accept_loop(inner, lis, what, handler, slots, deal).await,
-                        Err(e) => {
-                            tracing::error!(listener = what, error = %e, "cannot move a listener to its shard")
-                        }
-                    }
-                })
-            })
-            .collect())
+        Ok(vec![shards.spawn_on(home, async move {
+            match TcpListener::from_std(std) {
+                Ok(lis) => accept_loop(inner, lis, what, handler, slots, placement).await,
+                Err(e) => {
+                    tracing::error!(listener = what, error = %e, "cannot move a listener to its shard")
+                }
+            }
+        })])
     }
 
     fn lock_listeners(&self) -> std::sync::MutexGuard<'_, Listeners> {
@@ -469,15 +462,27 @@ impl Proxy {
 /// Minimum time between two "connection cap reached" warnings of one listener.
 const CAP_WARN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Accepts on `lis` until the drain. Each connection runs on the calling thread's runtime, or, with `deal`, on the
-/// shards in turn.
+/// Where an accept loop runs the connections it accepts.
+enum Placement {
+    /// On the loop's own runtime (no shards).
+    Here,
+    /// On the shards in turn (inbound HBONE).
+    InTurn(Arc<shards::Shards>),
+    /// On the loop's own shard `home`, or a less loaded one ([`shards::Shards::place`]).
+    Home {
+        shards: Arc<shards::Shards>,
+        home: usize,
+    },
+}
+
+/// Accepts on `lis` until the drain, running each connection where `placement` says.
 async fn accept_loop<F, Fut>(
     inner: Arc<Inner>,
     lis: TcpListener,
     what: &'static str,
     handler: F,
     slots: Option<Arc<tokio::sync::Semaphore>>,
-    deal: Option<Arc<shards::Shards>>,
+    placement: Placement,
 ) where
     F: Fn(Arc<Inner>, TcpStream, SocketAddr) -> Fut + Send + Sync + Copy + 'static,
     Fut: Future<Output = ()> + Send + 'static,
@@ -532,11 +537,19 @@ async fn accept_loop<F, Fut>(
                 let span = tracing::debug_span!("conn", listener = what, %peer);
                 // The slot is held until the connection ends, however it ends (the task may be aborted). No
                 // `async` block around the handler: it would store the handler's future twice.
-                let conn = tracked.serve_holding(handler(inner, stream, peer), (permit, open));
+                let (shards, shard) = match &placement {
+                    Placement::Here => (None, 0),
+                    Placement::InTurn(s) => (Some(s), s.next_index()),
+                    Placement::Home { shards, home } => (Some(shards), shards.place(*home)),
+                };
+                let counted = shards.map(|s| s.count(shard));
+                let conn =
+                    tracked.serve_holding(handler(inner, stream, peer), (permit, open, counted));
                 let conn = tracing::Instrument::instrument(conn, span);
-                drop(match &deal {
-                    Some(s) => s.spawn(conn),
-                    None => tokio::spawn(conn),
+                drop(match shards {
+                    // A connection kept on the loop's own shard is spawned there without waking another thread.
+                    Some(s) if shard != shards::current() => s.spawn_on(shard, conn),
+                    _ => tokio::spawn(conn),
                 });
             }
             Err(e) => {

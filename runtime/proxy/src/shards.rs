@@ -4,14 +4,22 @@
 //! On a multi-threaded runtime one connection's relay task and the HTTP/2 connection task it sends through may run
 //! on different workers: every hand-off between them is a cross-thread wake-up (a futex or eventfd write and a
 //! context switch), h2's stream state lock is taken from both threads, and idle workers are woken to steal work.
-//! With shards, every shard accepts on each short-lived-connection listener (capture, SOCKS5, inbound plaintext:
-//! the shards poll one shared socket, whichever is free takes the next connection and keeps it, so no thread hands
-//! a connection to another), while an inbound HBONE listener's connections, few and long-lived, are dealt to the
-//! shards in turn so they spread evenly. Everything a connection spawns stays on its shard, and each shard has its
-//! own HBONE pool (see [`current`]), so its outbound streams go over connections driven by the same thread.
+//! With shards, everything a connection spawns stays on its shard, and each shard has its own HBONE pool (see
+//! [`current`]), so its outbound streams go over connections driven by the same thread.
+//!
+//! Where a connection runs is decided once, at accept ([`Shards::place`]). Each listener of short-lived
+//! connections (capture, SOCKS5, inbound plaintext) has one accept loop on a *home* shard (listeners get homes in
+//! turn), which keeps a new connection unless it already carries more than [`SPILL_MARGIN`] connections above the
+//! least loaded shard; then the connection goes to that shard. A lightly loaded node so runs one connection after
+//! another on the same thread: neither a wake-up of several shards per connection (every shard polling the socket)
+//! nor connections rotating over threads, which made the scheduler move them between cores and cost a new
+//! connection's first byte about a tenth more in the mesh bench. Under load the connections spread by count.
+//! An inbound HBONE listener's connections, few and long-lived (one per peer node and shard), are dealt to the
+//! shards in turn so they spread evenly.
 
 use std::cell::Cell;
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::runtime::Handle;
@@ -32,18 +40,42 @@ pub fn enter(index: usize) {
     CURRENT.with(|c| c.set(index));
 }
 
-/// The shards' runtime handles; connections are spread over them in turn.
+/// How many more live connections than the least loaded shard a listener's home shard may carry and still keep a
+/// new connection.
+pub const SPILL_MARGIN: usize = 2;
+
+/// One shard's live connection count, alone on its cache line(s).
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Live(AtomicUsize);
+
+/// The shards' runtime handles and how many connections each carries.
 #[derive(Debug)]
 pub struct Shards {
     handles: Vec<Handle>,
     next: AtomicUsize,
+    live: Arc<[Live]>,
+}
+
+/// Counts one connection on a shard while it lives ([`Shards::count`]).
+#[derive(Debug)]
+pub struct Counted {
+    live: Arc<[Live]>,
+    index: usize,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.live[self.index].0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Shards {
     /// Shards on these runtimes (each a current-thread runtime driven by its own thread, which has called
     /// [`enter`] with its index in `handles`). At least one.
     pub fn new(handles: Vec<Handle>) -> Option<Self> {
-        (!handles.is_empty()).then_some(Self {
+        (!handles.is_empty()).then(|| Self {
+            live: (0..handles.len()).map(|_| Live::default()).collect(),
             handles,
             next: AtomicUsize::new(0),
         })
@@ -59,6 +91,45 @@ impl Shards {
         self.handles.is_empty()
     }
 
+    /// The index of the next shard in turn.
+    pub fn next_index(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed) % self.handles.len()
+    }
+
+    /// The connections shard `index` carries now (counted with [`Shards::count`]).
+    pub fn live(&self, index: usize) -> usize {
+        self.live[index % self.live.len()].0.load(Ordering::Relaxed)
+    }
+
+    /// Counts one more connection on shard `index` until the returned guard is dropped.
+    pub fn count(&self, index: usize) -> Counted {
+        let index = index % self.live.len();
+        self.live[index].0.fetch_add(1, Ordering::Relaxed);
+        Counted {
+            live: self.live.clone(),
+            index,
+        }
+    }
+
+    /// Where a new connection of a listener whose home is shard `home` runs: `home`, unless it carries more than
+    /// [`SPILL_MARGIN`] connections above the least loaded shard, then that shard (the lowest index among equals).
+    pub fn place(&self, home: usize) -> usize {
+        let home = home % self.live.len();
+        let at_home = self.live(home);
+        if at_home <= SPILL_MARGIN {
+            return home;
+        }
+        let (least, fewest) = (0..self.live.len())
+            .map(|i| (i, self.live(i)))
+            .min_by_key(|&(_, n)| n)
+            .unwrap_or((home, at_home));
+        if at_home > fewest + SPILL_MARGIN {
+            least
+        } else {
+            home
+        }
+    }
+
     /// Runs `fut` on shard `index` (modulo the number of shards).
     pub fn spawn_on<F>(&self, index: usize, fut: F) -> JoinHandle<F::Output>
     where
@@ -67,18 +138,60 @@ impl Shards {
     {
         self.handles[index % self.handles.len()].spawn(fut)
     }
+}
 
-    /// The index of the next shard in turn (any value: [`Shards::spawn_on`] takes it modulo the count).
-    pub fn next_index(&self) -> usize {
-        self.next.fetch_add(1, Ordering::Relaxed)
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code: a panic fails the test
+
+    use super::*;
+
+    fn shards(n: usize) -> Shards {
+        // Handles of a runtime that never runs anything: placement and counting only.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let s = Shards::new(vec![rt.handle().clone(); n]).unwrap();
+        std::mem::forget(rt);
+        s
     }
 
-    /// Runs `fut` on the next shard in turn.
-    pub fn spawn<F>(&self, fut: F) -> JoinHandle<F::Output>
-    where
-        F: Future + Send + 'static,
-        F::Output: Send + 'static,
-    {
-        self.spawn_on(self.next_index(), fut)
+    #[test]
+    fn a_home_keeps_its_connections_until_it_carries_more_than_the_margin_above_the_least_loaded() {
+        let s = shards(3);
+        let mut held = Vec::new();
+        // One after another, each ending before the next: always home.
+        for _ in 0..10 {
+            let i = s.place(1);
+            assert_eq!(i, 1);
+            drop(s.count(i));
+        }
+        // Held: home takes SPILL_MARGIN + 1, then the least loaded (lowest index first), and so on by count.
+        for _ in 0..=SPILL_MARGIN {
+            let i = s.place(1);
+            assert_eq!(i, 1);
+            held.push(s.count(i));
+        }
+        let i = s.place(1);
+        assert_eq!(i, 0, "home at {} against 0 elsewhere", s.live(1));
+        held.push(s.count(i));
+        for _ in 0..30 {
+            let i = s.place(1);
+            held.push(s.count(i));
+        }
+        let counts: Vec<usize> = (0..3).map(|i| s.live(i)).collect();
+        assert_eq!(counts.iter().sum::<usize>(), 34);
+        let (min, max) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+        assert!(max - min <= SPILL_MARGIN + 1, "{counts:?}");
+        // Ended connections are no longer counted.
+        held.clear();
+        assert_eq!((0..3).map(|i| s.live(i)).sum::<usize>(), 0);
+        assert_eq!(s.place(2), 2);
+    }
+
+    #[test]
+    fn listeners_get_homes_in_turn() {
+        let s = shards(2);
+        assert_eq!([s.next_index(), s.next_index(), s.next_index()], [0, 1, 0]);
     }
 }
