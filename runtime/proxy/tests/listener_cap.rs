@@ -121,14 +121,7 @@ async fn the_cap_holds_for_the_listener_across_its_shards() {
     let (shards, _) = shards(2);
     let cap = 2 * (SPILL_MARGIN + 1);
     let (_proxy, addr) = proxy_on(metrics.clone(), Some(cap), Some(shards.clone())).await;
-    let mut held = Vec::new();
-    for i in 0..cap {
-        held.push(
-            greet(addr)
-                .await
-                .unwrap_or_else(|| panic!("connection {i} under the cap was refused")),
-        );
-    }
+    let mut held = hold(addr, cap).await;
     let live = [shards.live(0), shards.live(1)];
     assert!(
         live.iter().sum::<usize>() == cap
@@ -148,19 +141,25 @@ async fn the_cap_holds_for_the_listener_across_its_shards() {
     .await;
 }
 
-/// With `CAP` connections held, `over` more are refused and counted; once one held ends, a new one is served.
-async fn full_listener_refuses_and_recovers(metrics: &ProxyMetrics, addr: SocketAddr, over: u64) {
-    let refused = || metrics.listener_refused.get_or_create(&SOCKS5).get();
-    let open = || metrics.listener_open.get_or_create(&SOCKS5).get();
-
+/// `n` connections served and held (each must be).
+async fn hold(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
     let mut held = Vec::new();
-    for i in 0..CAP {
+    for i in 0..n {
         held.push(
             greet(addr)
                 .await
                 .unwrap_or_else(|| panic!("connection {i} under the cap was refused")),
         );
     }
+    held
+}
+
+/// With `CAP` connections held, `over` more are refused and counted; once one held ends, a new one is served.
+async fn full_listener_refuses_and_recovers(metrics: &ProxyMetrics, addr: SocketAddr, over: u64) {
+    let refused = || metrics.listener_refused.get_or_create(&SOCKS5).get();
+    let open = || metrics.listener_open.get_or_create(&SOCKS5).get();
+
+    let mut held = hold(addr, CAP).await;
     assert_eq!(open(), i64::try_from(CAP).unwrap());
     assert_eq!(refused(), 0);
 
