@@ -13,7 +13,7 @@
 //! least loaded shard; then the connection goes to that shard. A lightly loaded node so runs one connection after
 //! another on the same thread: neither a wake-up of several shards per connection (every shard polling the socket)
 //! nor connections rotating over threads, which made the scheduler move them between cores and cost a new
-//! connection's first byte about a tenth more in the mesh bench. Under load the connections spread by count.
+//! connection's first byte about a fifth more in the mesh bench. Under load the connections spread by count.
 //! An inbound HBONE listener's connections, few and long-lived (one per peer node and shard), are dealt to the
 //! shards in turn so they spread evenly.
 
