@@ -94,14 +94,10 @@ impl Inner {
     }
 }
 
-/// Each listener's accept loops, by what it serves and its address: one loop, or one per shard for a listener
-/// every shard accepts on.
-type Listeners = HashMap<(&'static str, SocketAddr), Vec<JoinHandle<()>>>;
-
 /// The running data path.
 pub struct Proxy {
     inner: Arc<Inner>,
-    listeners: Mutex<Listeners>,
+    listeners: Mutex<HashMap<(&'static str, SocketAddr), JoinHandle<()>>>,
     bound: Mutex<Vec<(&'static str, SocketAddr)>>,
     ready: AtomicBool,
 }
@@ -250,31 +246,19 @@ impl Proxy {
     {
         let actual = lis.local_addr().unwrap_or(addr);
         let inner = self.inner.clone();
-        // The connection cap holds for the listener, whichever loop accepts.
-        let slots = inner
-            .cfg
-            .max_connections_per_listener
-            .map(|n| Arc::new(tokio::sync::Semaphore::new(n)));
-        let tasks = match inner.cfg.shards.clone() {
-            None => vec![tokio::spawn(accept_loop(
-                inner,
-                lis,
-                what,
-                handler,
-                slots,
-                Placement::Here,
-            ))],
-            // The listener moves to the shards' own reactors, so its readiness wakes their threads directly.
-            Some(shards) => match Self::shard_loops(&shards, inner, lis, what, handler, slots) {
-                Ok(tasks) => tasks,
+        let task = match inner.cfg.shards.clone() {
+            None => tokio::spawn(accept_loop(inner, lis, what, handler, Placement::Here)),
+            // The listener moves to its shard's own reactor, so its readiness wakes that thread directly.
+            Some(shards) => match Self::shard_loop(&shards, inner, lis, what, handler) {
+                Ok(task) => task,
                 Err(e) => {
-                    tracing::error!(listener = what, error = %e, "cannot move a listener to the shards");
+                    tracing::error!(listener = what, error = %e, "cannot move a listener to a shard");
                     return;
                 }
             },
         };
         tracing::info!(listener = what, addr = %actual, "listening");
-        self.lock_listeners().insert((what, addr), tasks);
+        self.lock_listeners().insert((what, addr), task);
         self.bound
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -283,14 +267,13 @@ impl Proxy {
 
     /// The accept loop of a listener served by the shards, on the listener's home shard (homes in turn; see
     /// [`shards`] for where connections go).
-    fn shard_loops<F, Fut>(
+    fn shard_loop<F, Fut>(
         shards: &Arc<shards::Shards>,
         inner: Arc<Inner>,
         lis: TcpListener,
         what: &'static str,
         handler: F,
-        slots: Option<Arc<tokio::sync::Semaphore>>,
-    ) -> std::io::Result<Vec<JoinHandle<()>>>
+    ) -> std::io::Result<JoinHandle<()>>
     where
         F: Fn(Arc<Inner>, TcpStream, SocketAddr) -> Fut + Send + Sync + Copy + 'static,
         Fut: Future<Output = ()> + Send + 'static,
@@ -305,17 +288,19 @@ impl Proxy {
                 home,
             }
         };
-        Ok(vec![shards.spawn_on(home, async move {
+        Ok(shards.spawn_on(home, async move {
             match TcpListener::from_std(std) {
-                Ok(lis) => accept_loop(inner, lis, what, handler, slots, placement).await,
+                Ok(lis) => accept_loop(inner, lis, what, handler, placement).await,
                 Err(e) => {
                     tracing::error!(listener = what, error = %e, "cannot move a listener to its shard")
                 }
             }
-        })])
+        }))
     }
 
-    fn lock_listeners(&self) -> std::sync::MutexGuard<'_, Listeners> {
+    fn lock_listeners(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<(&'static str, SocketAddr), JoinHandle<()>>> {
         self.listeners
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -340,9 +325,9 @@ impl Proxy {
             .copied()
             .collect();
         for key in stale {
-            if let Some(tasks) = self.lock_listeners().remove(&key) {
+            if let Some(t) = self.lock_listeners().remove(&key) {
                 tracing::info!(addr = %key.1, "workload left: HBONE listener stopped");
-                tasks.iter().for_each(JoinHandle::abort);
+                t.abort();
             }
             self.bound
                 .lock()
@@ -418,8 +403,7 @@ impl Proxy {
         let tracker = &self.inner.tracker;
         tracing::info!(live = tracker.len(), accepted = tracker.accepted_len(), deadline = ?self.inner.cfg.drain_deadline, "draining");
         self.inner.drain.cancel();
-        let loops: Vec<JoinHandle<()>> =
-            self.lock_listeners().drain().flat_map(|(_, t)| t).collect();
+        let loops: Vec<JoinHandle<()>> = self.lock_listeners().drain().map(|(_, t)| t).collect();
         for t in loops {
             // An accept loop returns at its next poll once the drain token is cancelled (it never holds an
             // accepted connection across an await): this does not wait on any peer.
@@ -481,7 +465,6 @@ async fn accept_loop<F, Fut>(
     lis: TcpListener,
     what: &'static str,
     handler: F,
-    slots: Option<Arc<tokio::sync::Semaphore>>,
     placement: Placement,
 ) where
     F: Fn(Arc<Inner>, TcpStream, SocketAddr) -> Fut + Send + Sync + Copy + 'static,
@@ -495,6 +478,7 @@ async fn accept_loop<F, Fut>(
         .clone();
     let open = inner.metrics.listener_open.get_or_create(&labels).clone();
     let cap = inner.cfg.max_connections_per_listener;
+    let slots = cap.map(|n| Arc::new(tokio::sync::Semaphore::new(n)));
     // Rate limit of the cap warning: when it was last logged and how many refusals it has not reported yet.
     let mut last_warn: Option<tokio::time::Instant> = None;
     let mut unreported: u64 = 0;
