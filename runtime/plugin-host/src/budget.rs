@@ -8,8 +8,8 @@
 //! call does not read it when it starts: it takes an upper bound from the thread's last reading plus the wall time
 //! since (a thread's CPU time cannot grow faster than the wall clock), and reads the clock only when that reading
 //! is older than half the call's budget (at most [`CPU_CLOCK_REFRESH`]). A start that is too late can only make the
-//! measured use smaller, by at most that age: a call gets at most 1.5× its budget, whatever the budget, never less. The check, which runs
-//! only for calls that outlive an epoch deadline, reads the clock itself.
+//! measured use smaller, by at most that age: a call gets at most 1.5× its budget, whatever the budget, never
+//! less. The check, which runs only for calls that outlive an epoch deadline, reads the clock itself.
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
