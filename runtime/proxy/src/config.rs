@@ -81,8 +81,8 @@ pub struct ProxyConfig {
     pub h2: H2Config,
     /// HBONE connection pool settings.
     pub pool: PoolConfig,
-    /// Where accepted connections run: `None`, on the runtime that accepted them; `Some`, handed to the shards in
-    /// turn (see [`crate::shards`]).
+    /// Where accepted connections run: `None`, on the runtime that accepted them; `Some`, on the shards (each
+    /// listener's home shard, or a less loaded one; see [`crate::shards`]).
     pub shards: Option<std::sync::Arc<crate::shards::Shards>>,
 }
 
