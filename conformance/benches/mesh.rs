@@ -4,7 +4,10 @@
 //! client and server with the capture skipped (a marked socket): the baseline. Client, servers and every proxy
 //! share the machine's cores.
 //!
-//! Pairs: `weft` (its default plugins, istio-authz and istio-telemetry), `weft-np` (`--default-plugins false`),
+//! Pairs: `weft` (its default plugins, istio-authz and istio-telemetry; no authorization policy, so istio-authz's
+//! declared scope leaves every connection out and it is never called), `weft-pol` (the same with a namespace DENY
+//! policy on the server's namespace that never matches: istio-authz decides every connection), `weft-np`
+//! (`--default-plugins false`),
 //! `weft-base` when `WEFT_BASE_BIN` names another weft build (default plugins; before and after a change, in one
 //! run), and
 //! `ztunnel` when `ZTUNNEL_BIN` names a ztunnel binary built from its public source ([`weft_conformance::ztunnel`];
@@ -52,6 +55,17 @@ const SINK: u16 = 9000;
 const IDLE_CPU_WINDOW: Duration = Duration::from_secs(2);
 const RR: u16 = 9001;
 const CLOSE: u16 = 9002;
+
+/// The `weft-pol` pair's policy: a DENY on the server's namespace for a port nothing uses, so every connection to
+/// the server is in istio-authz's scope, decided by the plugin, and allowed.
+const POLICY_NEVER_MATCHING: &str = r#"policies:
+- name: deny-port-1
+  namespace: default
+  scope: Namespace
+  action: Deny
+  rules:
+  - - - destinationPorts: [1]
+"#;
 
 /// Sizes of one run.
 #[derive(Debug, Clone, Copy)]
@@ -451,6 +465,7 @@ async fn start_pairs(log: &str) -> (Vec<Running>, Vec<Pair>, Vec<Servers>) {
     let base = std::env::var_os("WEFT_BASE_BIN").map(std::path::PathBuf::from);
     for (name, tag, subnet, plugins) in [
         ("weft", "m", 9u8, true),
+        ("weft-pol", "p", 13, true),
         ("weft-np", "n", 10, false),
         ("weft-base", "o", 12, true),
     ] {
@@ -474,7 +489,11 @@ async fn start_pairs(log: &str) -> (Vec<Running>, Vec<Pair>, Vec<Servers>) {
             layout.flags_a = vec!["--default-plugins".into(), "false".into()];
             layout.flags_b = layout.flags_a.clone();
         }
-        let mesh = NetMesh::start_with(tag, &layout, &yaml(c, s), log)
+        let mut config = yaml(c, s);
+        if name == "weft-pol" {
+            config.push_str(POLICY_NEVER_MATCHING);
+        }
+        let mesh = NetMesh::start_with(tag, &layout, &config, log)
             .await
             .expect("network namespaces (needs root) and a weft build");
         pairs.push(Pair {
@@ -563,7 +582,7 @@ fn memory(pairs: &[Pair], idle: usize) {
         ));
     }
     let find = |n: &str| per_conn.iter().find(|(name, ..)| *name == n);
-    for w in ["weft", "weft-np", "weft-base"] {
+    for w in ["weft", "weft-pol", "weft-np", "weft-base"] {
         if let (Some(w), Some(z)) = (find(w), find("ztunnel")) {
             println!(
                 "  {} / ztunnel: idle RSS (A+B) {:.2} (anon {:.2})   per idle connection (A+B) {:.2}",
@@ -624,9 +643,11 @@ fn report(pairs: &[Pair], results: &[Vec<Round>]) {
     );
     for (a, b) in [
         ("weft", "ztunnel"),
+        ("weft-pol", "ztunnel"),
         ("weft-np", "ztunnel"),
         ("weft-base", "ztunnel"),
         ("weft", "weft-np"),
+        ("weft-pol", "weft-np"),
         ("weft", "weft-base"),
         ("weft", "direct"),
         ("ztunnel", "direct"),

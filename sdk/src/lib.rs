@@ -78,6 +78,7 @@
 #![deny(missing_docs)]
 
 pub mod bindings;
+pub mod hash;
 pub mod json;
 pub mod log;
 pub mod metrics;
@@ -94,9 +95,9 @@ pub use weft_plugin_host::testing as harness;
 include!(concat!(env!("OUT_DIR"), "/export_macros.rs"));
 
 pub use bindings::weft::plugin::types::{
-    AuthorizationPolicy, CloseInfo, Connection, Decision, Direction, IpAddress, PolicyAction,
-    PolicyClause, PolicyMatch, PolicyRule, PolicyScope, ServiceAccountMatch, SocketAddress,
-    StateKinds, StringMatch, Verdict, Workload, WorkloadMeta,
+    AuthorizationPolicy, CloseInfo, Connection, ConnectionScope, Decision, DestinationScope,
+    Direction, IpAddress, PolicyAction, PolicyClause, PolicyMatch, PolicyRule, PolicyScope,
+    ServiceAccountMatch, SocketAddress, StateKinds, StringMatch, Verdict, Workload, WorkloadMeta,
 };
 
 use std::net::SocketAddr;
@@ -144,6 +145,16 @@ pub trait TransportPolicy: Sized + 'static {
 
     /// Decides on one connection. Every policy plugin must allow; the first deny wins.
     fn authorize(&mut self, conn: &Connection, workloads: &Workloads<'_>) -> Decision;
+
+    /// Which connections [`authorize`](Self::authorize) needs to see under the current config and state, asked
+    /// once after `configure` and the state (each new config or state is a new plugin version, asked again). The
+    /// host allows every connection outside the answer without calling the plugin, so a plugin with nothing to
+    /// enforce for most workloads costs their connections nothing. The answer must never leave out a connection
+    /// `authorize` could deny (or would log or count): a connection outside it is allowed as if `authorize` had
+    /// returned [`Decision::Allow`]. Default: [`ConnectionScope::All`].
+    fn scope(&self) -> ConnectionScope {
+        ConnectionScope::All
+    }
 }
 
 /// A connection with the metadata of both ends, as a telemetry plugin sees it. The workloads are none when the node

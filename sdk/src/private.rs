@@ -4,7 +4,8 @@ use std::cell::RefCell;
 use std::thread::LocalKey;
 
 use crate::bindings::weft::plugin::types::{
-    Connection, Decision, Event, EventConnection, StateKinds, StateUpdate, Workload, WorkloadMeta,
+    Connection, ConnectionScope, Decision, Event, EventConnection, StateKinds, StateUpdate,
+    Workload, WorkloadMeta,
 };
 use crate::{ConnectionInfo, Telemetry, TransportPolicy, Workloads};
 
@@ -33,6 +34,15 @@ pub fn policy_update_state<T: TransportPolicy>(
             StateUpdate::AuthorizationPolicies(policies) => plugin.update_policies(policies),
         },
         None => Err("update-state before configure".to_string()),
+    })
+}
+
+/// `scope` of the policy world's `authorize-scope` export. Not configured → every connection (the host never asks
+/// before `configure`).
+pub fn policy_scope<T: TransportPolicy>(slot: &'static Slot<T>) -> ConnectionScope {
+    slot.with(|s| match s.borrow().as_ref() {
+        Some(plugin) => plugin.scope(),
+        None => ConnectionScope::All,
     })
 }
 

@@ -22,59 +22,13 @@
 //!   count as IPv4). Ports: the destination (target) port.
 //! - A policy key appearing twice: the last one wins (ztunnel's store is keyed by `namespace/name`).
 
-use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::net::{IpAddr, SocketAddr};
 
-/// A fast, non-keyed hasher (rustc's Fx) for the index's maps: their keys come from the control plane, not from
-/// peers, so collision flooding is not a concern, and SipHash would dominate a decision's cost.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct FxHasher(u64);
-
-const FX_SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-
-impl FxHasher {
-    #[inline]
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(FX_SEED);
-    }
-}
-
-impl Hasher for FxHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(c);
-            self.add(u64::from_le_bytes(w));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut w = [0u8; 8];
-            w[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(w));
-        }
-    }
-
-    #[inline]
-    fn write_u8(&mut self, i: u8) {
-        self.add(u64::from(i));
-    }
-
-    #[inline]
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64);
-    }
-
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+/// The index's maps: their keys (policy names, namespaces) come from the control plane, not from peers, so a
+/// non-keyed hasher is safe, and SipHash would dominate a decision's cost. (`super::hash` is the SDK's `hash`
+/// module in the plugin and the same file included natively by the host's tests.)
+type FxMap<K, V> = super::hash::FastMap<K, V>;
 
 /// Where a policy applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -291,6 +245,13 @@ struct Group {
 }
 
 impl Group {
+    fn is_empty(&self) -> bool {
+        self.deny.is_empty()
+            && self.allow.is_empty()
+            && self.dry_deny.is_empty()
+            && self.dry_allow.is_empty()
+    }
+
     fn push(&mut self, i: u32, p: &Policy) {
         match (p.action, p.dry_run) {
             (Action::Deny, false) => self.deny.push(i),
@@ -419,6 +380,18 @@ impl DryRun for IgnoreDryRun {
     fn no_allow_matched(&mut self) {}
 }
 
+/// Which connections an [`Index`]'s policies reach (see [`Index::reach`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reach {
+    /// Every connection (there are global policies).
+    Everything,
+    /// Connections whose destination workload is in one of `namespaces` or lists one of `policies`.
+    Destinations {
+        namespaces: Vec<String>,
+        policies: Vec<String>,
+    },
+}
+
 /// The policy set, indexed by where policies apply.
 #[derive(Debug, Default)]
 pub struct Index {
@@ -476,6 +449,24 @@ impl Index {
     /// Whether the policy `key` (`namespace/name`) is known.
     pub fn contains(&self, key: &str) -> bool {
         self.by_key.contains_key(key)
+    }
+
+    /// The connections whose decision any indexed policy takes part in; every other connection is allowed, with
+    /// nothing matched, counted or logged (`decide` finds no applicable policy). Global policies reach every
+    /// connection; otherwise a connection is reached through its destination's namespace or a policy its
+    /// destination lists (any indexed key: `decide` applies a listed policy whatever its scope).
+    pub fn reach(&self) -> Reach {
+        if !self.global.is_empty() {
+            return Reach::Everything;
+        }
+        let mut namespaces: Vec<String> = self.by_namespace.keys().cloned().collect();
+        namespaces.sort_unstable();
+        let mut policies: Vec<String> = self.by_key.keys().cloned().collect();
+        policies.sort_unstable();
+        Reach::Destinations {
+            namespaces,
+            policies,
+        }
     }
 
     fn policy(&self, i: u32) -> &Indexed {
@@ -683,6 +674,137 @@ mod tests {
         assert_eq!(
             idx.decide(&tls(), Some("other"), &[], &mut IgnoreDryRun),
             Ok(())
+        );
+    }
+
+    /// Records whether `decide` reported anything about dry-run policies.
+    #[derive(Default)]
+    struct Seen(bool);
+
+    impl DryRun for Seen {
+        fn matched(&mut self, _key: &str, _action: Action) {
+            self.0 = true;
+        }
+        fn no_allow_matched(&mut self) {
+            self.0 = true;
+        }
+    }
+
+    /// What `reach` leaves out, `decide` allows with nothing to report: checked over every policy set of up to
+    /// two policies drawn from all scopes, actions and dry-run settings (allow-all, deny-all and never-matching
+    /// rules), and destinations in and out of their namespaces, listing them or not, or unknown.
+    #[test]
+    fn what_reach_leaves_out_is_allowed_with_nothing_reported() {
+        let mut kinds = Vec::new();
+        for (i, scope) in [Scope::Global, Scope::Namespace, Scope::WorkloadSelector]
+            .into_iter()
+            .enumerate()
+        {
+            for action in [Action::Allow, Action::Deny] {
+                for dry_run in [false, true] {
+                    for (r, rules) in [vec![vec![]], vec![]].into_iter().enumerate() {
+                        kinds.push(Policy {
+                            name: format!("p{i}{}{}{r}", action.as_str(), u8::from(dry_run)),
+                            namespace: if scope == Scope::Global { "root" } else { "ns" }.into(),
+                            scope,
+                            action,
+                            dry_run,
+                            rules,
+                        });
+                    }
+                }
+            }
+        }
+        let mut sets: Vec<Vec<Policy>> = vec![vec![]];
+        for a in &kinds {
+            sets.push(vec![a.clone()]);
+            for b in &kinds {
+                sets.push(vec![a.clone(), b.clone()]);
+            }
+        }
+        let (mut left_out, mut reached) = (0, 0);
+        for set in sets {
+            let keys: Vec<String> = set
+                .iter()
+                .map(|p| format!("{}/{}", p.namespace, p.name))
+                .collect();
+            let idx = Index::build(set);
+            let reach = idx.reach();
+            for namespace in [None, Some("ns"), Some("other")] {
+                for listed in [vec![], keys.clone(), vec!["ns/unknown".to_string()]] {
+                    let covered = match (&reach, namespace) {
+                        (Reach::Everything, _) => true,
+                        (Reach::Destinations { .. }, None) => false,
+                        (
+                            Reach::Destinations {
+                                namespaces,
+                                policies,
+                            },
+                            Some(ns),
+                        ) => {
+                            namespaces.iter().any(|n| n == ns)
+                                || listed.iter().any(|l| policies.contains(l))
+                        }
+                    };
+                    if covered {
+                        reached += 1;
+                        continue;
+                    }
+                    left_out += 1;
+                    for conn in [tls(), plain()] {
+                        let mut seen = Seen::default();
+                        let listed = if namespace.is_some() {
+                            &listed[..]
+                        } else {
+                            &[]
+                        };
+                        assert_eq!(idx.decide(&conn, namespace, listed, &mut seen), Ok(()));
+                        assert!(!seen.0, "a dry-run report outside the reach");
+                    }
+                }
+            }
+        }
+        // Both sides were exercised.
+        assert!(
+            left_out > 1000 && reached > 1000,
+            "{left_out} left out, {reached} reached"
+        );
+    }
+
+    /// Global policies reach everything; otherwise exactly their namespaces and keys.
+    #[test]
+    fn reach_of_global_namespace_and_selector_policies() {
+        assert_eq!(
+            Index::default().reach(),
+            Reach::Destinations {
+                namespaces: vec![],
+                policies: vec![]
+            }
+        );
+        let ns = Policy {
+            scope: Scope::Namespace,
+            ..policy(Action::Allow, vec![vec![]])
+        };
+        let sel = Policy {
+            name: "s".into(),
+            namespace: "shop".into(),
+            scope: Scope::WorkloadSelector,
+            ..policy(Action::Deny, vec![vec![]])
+        };
+        assert_eq!(
+            Index::build(vec![ns.clone(), sel.clone()]).reach(),
+            Reach::Destinations {
+                namespaces: vec!["ns".into()],
+                policies: vec!["ns/p".into(), "shop/s".into()]
+            }
+        );
+        let global = Policy {
+            name: "g".into(),
+            ..policy(Action::Deny, vec![])
+        };
+        assert_eq!(
+            Index::build(vec![ns, sel, global]).reach(),
+            Reach::Everything
         );
     }
 }

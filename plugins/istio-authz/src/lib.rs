@@ -24,12 +24,15 @@
 
 pub mod engine;
 
-use engine::{Action, Conn, Denial, DryRun, Index, Match, Net, Policy, SaMatch, Scope, StrMatch};
+use engine::{
+    Action, Conn, Denial, DryRun, Index, Match, Net, Policy, Reach, SaMatch, Scope, StrMatch,
+};
+use weft_plugin_sdk::hash;
 use weft_plugin_sdk::json::Value;
 use weft_plugin_sdk::metrics::Counter;
 use weft_plugin_sdk::{
-    AuthorizationPolicy, Connection, Decision, Direction, PolicyAction, PolicyMatch, PolicyScope,
-    StateKinds, StringMatch, TransportPolicy, Workloads,
+    AuthorizationPolicy, Connection, ConnectionScope, Decision, DestinationScope, Direction,
+    PolicyAction, PolicyMatch, PolicyScope, StateKinds, StringMatch, TransportPolicy, Workloads,
 };
 
 /// The plugin's options.
@@ -211,6 +214,23 @@ impl TransportPolicy for IstioAuthz {
     fn update_policies(&mut self, policies: Vec<AuthorizationPolicy>) -> Result<(), String> {
         self.index = Index::build(policies.into_iter().map(convert).collect());
         Ok(())
+    }
+
+    /// Outside what its policies reach, `authorize` allows with nothing matched, counted or logged: the host need
+    /// not ask.
+    fn scope(&self) -> ConnectionScope {
+        match self.index.reach() {
+            Reach::Everything => ConnectionScope::All,
+            Reach::Destinations {
+                namespaces,
+                policies,
+            } => ConnectionScope::Destinations(DestinationScope {
+                namespaces,
+                policies,
+                // With no destination workload only global policies apply, and there are none.
+                unknown_destination: false,
+            }),
+        }
     }
 
     fn authorize(&mut self, conn: &Connection, workloads: &Workloads<'_>) -> Decision {

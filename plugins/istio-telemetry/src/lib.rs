@@ -28,13 +28,13 @@
 //!   the `spiffe://`.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 mod open_cache;
 
 use open_cache::OpenCache;
+use weft_plugin_sdk::hash::FastMap;
 use weft_plugin_sdk::json::Value;
 use weft_plugin_sdk::log::Level;
 use weft_plugin_sdk::metrics::{Counter, CounterSeries, Gauge, GaugeSeries};
@@ -326,10 +326,10 @@ pub struct IstioTelemetry {
     sockets_gauge: Gauge,
     overflow: Counter,
     /// Label sets by the hash of their values (probing on a collision), as indices into `sets`.
-    index: HashMap<u64, usize>,
+    index: FastMap<u64, usize>,
     sets: Vec<LabelSet>,
     /// Connections reported open, with the label set of their open.
-    live: HashMap<u64, usize>,
+    live: FastMap<u64, usize>,
     /// The label sets the batch in progress touched.
     dirty: Vec<usize>,
     open_cache: OpenCache,
@@ -511,9 +511,9 @@ impl Telemetry for IstioTelemetry {
                 "Connections recorded under `overflow` labels because maxSeries label sets exist.",
                 &[],
             )?,
-            index: HashMap::new(),
+            index: FastMap::default(),
             sets: Vec::new(),
-            live: HashMap::new(),
+            live: FastMap::default(),
             dirty: Vec::new(),
             open_cache: OpenCache::default(),
             label_names,

@@ -1,8 +1,8 @@
 //! The label sets of connection opens already seen, by what determines their labels (see [`OpenCache`]).
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 
+use weft_plugin_sdk::hash::FastMap;
 use weft_plugin_sdk::{ConnectionInfo, Direction, WorkloadMeta};
 
 /// What determines the labels of a connection's open, interned: (inbound, mutual TLS, source workload, destination
@@ -17,12 +17,12 @@ pub(crate) type OpenKey = (bool, bool, u32, u32, u32, u32);
 #[derive(Default)]
 pub(crate) struct OpenCache {
     /// A workload's label fields (length-prefixed, concatenated) → id.
-    workloads: HashMap<String, u32>,
+    workloads: FastMap<String, u32>,
     /// A peer identity or destination service → id.
-    strings: HashMap<String, u32>,
-    pub(crate) sets: HashMap<OpenKey, usize>,
+    strings: FastMap<String, u32>,
+    pub(crate) sets: FastMap<OpenKey, usize>,
     /// This batch's workloads, by their address in the batch (valid until its end) → id.
-    pub(crate) batch: HashMap<usize, u32>,
+    pub(crate) batch: FastMap<usize, u32>,
     scratch: String,
 }
 

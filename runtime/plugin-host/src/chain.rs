@@ -81,7 +81,8 @@ impl Chain {
         }
     }
 
-    /// Runs the policy chain: every selected plugin must allow; the first deny wins.
+    /// Runs the policy chain: every selected plugin must allow; the first deny wins. A plugin is not called about a
+    /// connection outside its declared scope (it allows those).
     pub fn authorize(&self, conn: &ConnectionRecord) -> Verdict {
         let links = match conn.direction {
             Direction::Inbound => &self.inbound,
@@ -92,6 +93,11 @@ impl Chain {
                 continue;
             }
             let verdict = match link {
+                Link::Serving(v) if !v.scope.covers(conn) => {
+                    // The plugin declared it allows everything outside its scope.
+                    v.ctx.counters.out_of_scope.inc();
+                    continue;
+                }
                 Link::Serving(v) => v.authorize(conn),
                 Link::Broken { spec, reason } => Verdict::Deny {
                     by: spec.name.clone(),

@@ -1,4 +1,4 @@
-//! The host's own per-plugin metrics (calls, denials, errors by kind, call latency, instances, drops), and their
+//! The host's own per-plugin metrics (calls, connections out of a policy plugin's scope, denials, errors by kind, call latency, instances, drops), and their
 //! registration, together with the plugin-defined metrics, into a `prometheus_client` registry.
 
 use std::sync::Arc;
@@ -24,6 +24,7 @@ fn latency_histogram() -> Histogram {
 #[derive(Clone, Debug)]
 pub(crate) struct HostMetrics {
     calls: Family<Labels, Counter>,
+    out_of_scope: Family<Labels, Counter>,
     denials: Family<Labels, Counter>,
     errors: Family<Labels, Counter>,
     latency: HistogramFamily,
@@ -39,6 +40,7 @@ impl Default for HostMetrics {
     fn default() -> Self {
         Self {
             calls: Family::default(),
+            out_of_scope: Family::default(),
             denials: Family::default(),
             errors: Family::default(),
             latency: Family::new_with_constructor(latency_histogram),
@@ -56,6 +58,8 @@ impl Default for HostMetrics {
 #[derive(Clone, Debug)]
 pub(crate) struct PluginCounters {
     pub calls: Counter,
+    /// Connections the plugin's spec selected but its `authorize-scope` left out: allowed without a call.
+    pub out_of_scope: Counter,
     pub denials: Counter,
     errors: Vec<Counter>,
     pub latency: Histogram,
@@ -83,6 +87,7 @@ impl HostMetrics {
         };
         PluginCounters {
             calls: self.calls.get_or_create(&with("kind", kind)).clone(),
+            out_of_scope: self.out_of_scope.get_or_create(&p).clone(),
             denials: self.denials.get_or_create(&p).clone(),
             errors: ErrorKind::ALL
                 .iter()
@@ -127,6 +132,12 @@ impl HostMetrics {
             "weft_plugin_calls",
             "Plugin calls, by plugin and kind.",
             self.calls.clone(),
+        );
+        registry.register(
+            "weft_plugin_out_of_scope",
+            "Connections a policy plugin's spec selected but its declared scope (authorize-scope) left out: allowed \
+             without a call.",
+            self.out_of_scope.clone(),
         );
         registry.register(
             "weft_plugin_denials",

@@ -8,7 +8,7 @@ use wasmtime::component::{Linker, Resource};
 use wasmtime::{Engine, Store, Trap};
 
 use crate::bindings::types as wit;
-use crate::bindings::{WorkloadRes, policy, telemetry};
+use crate::bindings::{WorkloadRes, policy, scope, telemetry};
 use crate::epoch::EpochClock;
 use crate::error::{CallError, ErrorKind, LoadError};
 use crate::store::{PluginCtx, StoreData};
@@ -16,12 +16,20 @@ use crate::store::{PluginCtx, StoreData};
 /// A component linked against the host and ready to instantiate (an `InstancePre` per world).
 #[derive(Clone)]
 pub(crate) enum Pre {
-    Policy(policy::TransportPolicyPre<StoreData>),
+    Policy {
+        pre: wasmtime::component::InstancePre<StoreData>,
+        core: policy::TransportPolicyCoreIndices,
+        /// The optional `authorize-scope` export, when the component has it.
+        scope: Option<scope::AuthorizeScopeExportIndices>,
+    },
     Telemetry(telemetry::TelemetrySinkPre<StoreData>),
 }
 
 enum Exports {
-    Policy(policy::TransportPolicy),
+    Policy(
+        policy::TransportPolicyCore,
+        Option<scope::AuthorizeScopeExport>,
+    ),
     Telemetry(telemetry::TelemetrySink),
 }
 
@@ -113,15 +121,26 @@ pub(crate) fn link(
         .map_err(|reason| LoadError::WrongWorld { world, reason })?;
     match kind {
         weft_state::PluginKind::Policy => {
-            policy::TransportPolicy::add_to_linker::<_, wasmtime::component::HasSelf<_>>(
+            policy::TransportPolicyCore::add_to_linker::<_, wasmtime::component::HasSelf<_>>(
                 &mut linker,
                 |d| d,
             )
             .map_err(|e| LoadError::Internal(format!("{e:#}")))?;
             let pre = linker.instantiate_pre(component).map_err(wrong)?;
-            Ok(Pre::Policy(
-                policy::TransportPolicyPre::new(pre).map_err(wrong)?,
-            ))
+            let core = policy::TransportPolicyCoreIndices::new(&pre).map_err(wrong)?;
+            // Optional, but a component that exports it must export it right (an interface of another version
+            // or shape is refused, not ignored: the plugin would be asked about connections it declared out of
+            // scope, or the other way round).
+            let exports_scope = component
+                .component_type()
+                .exports(engine)
+                .any(|(name, _)| name.split('@').next() == Some("weft:plugin/authorize-scope"));
+            let scope = if exports_scope {
+                Some(scope::AuthorizeScopeExportIndices::new(&pre).map_err(wrong)?)
+            } else {
+                None
+            };
+            Ok(Pre::Policy { pre, core, scope })
         }
         weft_state::PluginKind::Telemetry => {
             telemetry::TelemetrySink::add_to_linker::<_, wasmtime::component::HasSelf<_>>(
@@ -232,7 +251,15 @@ impl Instance {
             &limits.clock,
             limits.configure_deadline,
             |store| match pre {
-                Pre::Policy(p) => p.instantiate(store).map(Exports::Policy),
+                Pre::Policy { pre, core, scope } => {
+                    let instance = pre.instantiate(&mut *store)?;
+                    let policy = core.load(&mut *store, &instance)?;
+                    let scope = scope
+                        .as_ref()
+                        .map(|s| s.load(&mut *store, &instance))
+                        .transpose()?;
+                    Ok(Exports::Policy(policy, scope))
+                }
                 Pre::Telemetry(p) => p.instantiate(store).map(Exports::Telemetry),
             },
         )
@@ -257,7 +284,7 @@ impl Instance {
             &limits.clock,
             limits.configure_deadline,
             |store| match exports {
-                Exports::Policy(p) => p.weft_plugin_policy().call_configure(store, config),
+                Exports::Policy(p, _) => p.weft_plugin_policy().call_configure(store, config),
                 Exports::Telemetry(t) => t
                     .weft_plugin_telemetry()
                     .call_configure(store, config)
@@ -272,7 +299,7 @@ impl Instance {
         &mut self,
         update: &wit::StateUpdate,
     ) -> Result<Result<(), String>, CallError> {
-        let Exports::Policy(p) = &self.exports else {
+        let Exports::Policy(p, _) = &self.exports else {
             return Ok(Ok(()));
         };
         let limits = &self.limits;
@@ -290,7 +317,7 @@ impl Instance {
         &mut self,
         conn: &weft_hooks::ConnectionRecord,
     ) -> Result<wit::Decision, CallError> {
-        let Exports::Policy(p) = &self.exports else {
+        let Exports::Policy(p, _) = &self.exports else {
             return Ok(wit::Decision::Allow);
         };
         let wit_conn = crate::convert::connection(conn);
@@ -335,6 +362,23 @@ impl Instance {
             });
         }
         Ok(decision)
+    }
+
+    /// `scope` of the optional `authorize-scope` export: `None` when the component does not export it (or is not a
+    /// policy plugin).
+    pub fn scope(&mut self) -> Result<Option<wit::ConnectionScope>, CallError> {
+        let Exports::Policy(_, Some(s)) = &self.exports else {
+            return Ok(None);
+        };
+        let limits = &self.limits;
+        timed(
+            &mut self.store,
+            &limits.clock,
+            limits.configure_deadline,
+            |store| s.weft_plugin_authorize_scope().call_scope(store),
+        )
+        .map(Some)
+        .map_err(|e| classify(e, &self.store))
     }
 
     /// `on-events` (telemetry world only).

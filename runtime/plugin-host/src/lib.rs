@@ -39,6 +39,7 @@ mod plugin_metrics;
 mod pool;
 mod rollback;
 mod rollout;
+mod scope;
 mod shared;
 mod status;
 mod store;

@@ -12,6 +12,7 @@ use crate::error::{CallError, ErrorKind, LoadError};
 use crate::instance::{Instance, Limits, Pre};
 use crate::pool::{Factory, Pool, PoolStatus};
 use crate::rollout::{CallOutcome, Probation};
+use crate::scope::Scope;
 use crate::shared::Shared;
 use crate::store::{LogLimiter, PluginCtx};
 
@@ -27,6 +28,8 @@ pub(crate) struct PluginVersion {
     /// The state this version was configured with (only when it wants it).
     pub state: Option<PolicyState>,
     pub ctx: Arc<PluginCtx>,
+    /// Which connections this version is asked about (policy plugins; `All` for telemetry).
+    pub scope: Scope,
     pre: Pre,
     limits: Limits,
     shared: Arc<Shared>,
@@ -158,6 +161,15 @@ impl PluginVersion {
         if let Some(state) = &state {
             Factory::push_state(&mut first, state)?;
         }
+        // Asked once, of the configured instance with the state: every instance of this version has the same
+        // config and state, so the same scope.
+        let scope = Scope::declared(first.scope().map_err(|error| LoadError::Call {
+            stage: "authorize-scope",
+            error,
+        })?);
+        if scope != Scope::All {
+            tracing::debug!(plugin = %spec.name, scope = %scope.describe(), "policy plugin is asked only about connections in its scope");
+        }
         factory.state = state.clone();
         let target = shared
             .config
@@ -176,6 +188,7 @@ impl PluginVersion {
             wants,
             state,
             ctx,
+            scope,
             pre,
             limits: shared.limits.clone(),
             shared: shared.clone(),

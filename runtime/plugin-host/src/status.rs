@@ -35,6 +35,11 @@ pub struct PluginStatus {
     pub last_error: Option<String>,
     /// Calls so far (all versions).
     pub calls: u64,
+    /// Which connections the serving version is asked about: `all`, or the destinations its `authorize-scope`
+    /// declared (policy plugins).
+    pub scope: Option<String>,
+    /// Connections the spec selected that the scope left out, allowed without a call (all versions).
+    pub out_of_scope: u64,
     /// Denials so far.
     pub denials: u64,
     /// Live instances.
@@ -106,6 +111,10 @@ impl PluginHost {
                     recheck: shown.recheck,
                     last_error: rejected,
                     calls: c.map_or(0, |c| c.calls.get()),
+                    scope: serving
+                        .filter(|v| v.spec.kind == PluginKind::Policy)
+                        .map(|v| v.scope.describe()),
+                    out_of_scope: c.map_or(0, |c| c.out_of_scope.get()),
                     denials: c.map_or(0, |c| c.denials.get()),
                     instances: c.map_or(0, |c| c.instances.get()),
                     idle_instances: pool.idle,

@@ -43,3 +43,8 @@ pub const PEER: &str = "spiffe://cluster.local/ns/shop/sa/frontend";
 pub fn pinned_code(wasm: &std::path::Path) -> weft_state::PluginSource {
     weft_plugin_host::testing::pinned_code(wasm).expect("read plugin")
 }
+
+/// A policy plugin built without the optional `authorize-scope` export (as plugins were before it existed).
+pub fn legacy_policy() -> PathBuf {
+    build_plugin("plugins/testdata/legacy-policy").expect("build legacy-policy")
+}

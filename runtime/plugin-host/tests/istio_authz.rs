@@ -184,6 +184,10 @@ fn case_table_in_the_wasm_plugin() {
         cases.len(),
         failures.join("\n")
     );
+    // The table's answers came both from calls and from the plugin's declared scope (connections no policy
+    // reaches are allowed by the host without a call), so both agree with ztunnel's.
+    let s = &h.host().status()[0];
+    assert!(s.calls > 0 && s.out_of_scope > 0, "{s:?}");
 }
 
 #[test]
@@ -226,6 +230,55 @@ fn policy_change_rechecks_live_connections() {
     // And back: the policy removed, the connection is allowed again.
     h.set_policies(&[]);
     assert!(h.authorize(&live).is_allow());
+}
+
+/// The plugin declares which connections its policies reach (`authorize-scope`): the host allows the others
+/// without a call, and the scope follows every policy change (global policies reach everything).
+#[test]
+fn connections_no_policy_reaches_are_allowed_without_a_call() {
+    let h = Harness::policy(&wasm(), "").unwrap();
+    let status = || h.host().status().into_iter().next().unwrap();
+    let calls = || {
+        let s = status();
+        (s.calls, s.out_of_scope)
+    };
+    let to = |ns: &str, listed: &[&str]| {
+        let mut w = (*workload("server", ns, "backend")).clone();
+        w.authorization_policies = listed.iter().map(|p| p.to_string()).collect();
+        ConnectionRecord {
+            dst_workload: Some(Arc::new(w)),
+            ..conn(9999, Some(PEER))
+        }
+    };
+    assert_eq!(
+        status().scope.as_deref(),
+        Some("namespaces=[] policies=[] unknown_destination=false")
+    );
+    assert!(h.authorize(&to("shop", &[])).is_allow());
+    assert_eq!(calls(), (0, 1));
+
+    h.set_policies(&policies(DENY_9999));
+    assert_eq!(
+        status().scope.as_deref(),
+        Some("namespaces=[shop] policies=[shop/deny-9999] unknown_destination=false")
+    );
+    assert!(!h.authorize(&to("shop", &[])).is_allow());
+    assert_eq!(calls(), (1, 1));
+    assert!(h.authorize(&to("other", &[])).is_allow());
+    assert_eq!(calls(), (1, 2));
+    // A workload elsewhere that lists the policy is reached through it (and the plugin applies it).
+    assert!(!h.authorize(&to("other", &["shop/deny-9999"])).is_allow());
+    assert_eq!(calls(), (2, 2));
+
+    h.set_policies(&policies(
+        "[{name: deny-9999, namespace: istio-system, scope: Global, action: Deny, rules: [[[{destinationPorts: [9999]}]]]}]",
+    ));
+    assert_eq!(status().scope.as_deref(), Some("all"));
+    assert!(!h.authorize(&to("other", &[])).is_allow());
+    let mut unknown = to("other", &[]);
+    unknown.dst_workload = None;
+    assert!(!h.authorize(&unknown).is_allow());
+    assert_eq!(calls(), (4, 2));
 }
 
 #[test]

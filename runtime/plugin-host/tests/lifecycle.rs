@@ -365,6 +365,29 @@ fn chain_order_selector_directions_and_first_deny() {
     assert!(matches!(host.authorize(&out), Verdict::Deny { by, .. } if by == "c-egress"));
 }
 
+/// A policy plugin built before the optional `authorize-scope` export existed (it exports `policy` only) still
+/// loads, shows scope `all`, and is asked about every connection; one built with the SDK today exports the scope
+/// too and loads alongside it.
+#[test]
+fn a_plugin_without_authorize_scope_loads_and_is_asked_about_everything() {
+    let host = host();
+    let legacy = policy("legacy", &legacy_policy(), "");
+    let current = policy("current", &allowlist(), r#"{"ports": [80, 666]}"#);
+    let report = host.apply(&[legacy, current], &[]);
+    assert!(report.rejected().is_empty(), "{report:?}");
+    let status = |name: &str| host.status().into_iter().find(|s| s.name == name).unwrap();
+    assert_eq!(status("legacy").scope.as_deref(), Some("all"));
+    assert_eq!(status("current").scope.as_deref(), Some("all"));
+    assert!(host.authorize(&conn(80, Some(PEER))).is_allow());
+    let mut elsewhere = conn(666, Some(PEER));
+    elsewhere.dst_workload = Some(workload("x", "other-ns", "sa"));
+    assert!(matches!(host.authorize(&elsewhere), Verdict::Deny { by, .. } if by == "legacy"));
+    elsewhere.dst_workload = None;
+    assert!(matches!(host.authorize(&elsewhere), Verdict::Deny { by, .. } if by == "legacy"));
+    let s = status("legacy");
+    assert_eq!((s.calls, s.out_of_scope), (3, 0));
+}
+
 #[test]
 fn recheck_watch_and_removal() {
     let host = host();

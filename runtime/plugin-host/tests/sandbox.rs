@@ -313,6 +313,59 @@ fn configure_that_never_returns_is_rejected() {
     assert!(!host.authorize(&conn(80, Some(PEER))).is_allow());
 }
 
+/// The optional `authorize-scope` call is sandboxed like `configure`: one that traps or never returns rejects the
+/// version, with the stage and the limit in the reason, and the fail-closed plugin denies what it would judge.
+#[test]
+fn a_scope_call_that_traps_or_spins_rejects_the_version() {
+    for (mode, kind) in [("scope-trap", "trap"), ("scope-loop", "timeout")] {
+        let host = PluginHost::new(HostConfig {
+            configure_deadline: Duration::from_millis(50),
+            ..HostConfig::default()
+        })
+        .expect("host");
+        let report = host.apply(&[policy("bad", &misbehave(), mode)], &[]);
+        let reason = match report.get("bad") {
+            Some(Outcome::Rejected { reason, .. }) => reason.clone(),
+            other => panic!("{mode}: {other:?}"),
+        };
+        assert!(
+            reason.contains("authorize-scope") && reason.contains(kind),
+            "{mode}: {reason}"
+        );
+        assert!(!host.authorize(&conn(80, Some(PEER))).is_allow(), "{mode}");
+    }
+}
+
+/// The host trusts a declared scope: a plugin that says it needs to see nothing is not called, so even the port
+/// its `authorize` would deny is allowed, and the connection is counted as out of scope, not as a call.
+#[test]
+fn a_declared_scope_is_trusted_and_counted() {
+    let host = load(
+        "scope-nothing",
+        FailurePolicy::FailClosed,
+        &HostConfig::default(),
+    );
+    assert_eq!(
+        status(&host, "bad").scope.as_deref(),
+        Some("namespaces=[] policies=[] unknown_destination=false")
+    );
+    assert_eq!(host.authorize(&conn(666, Some(PEER))), Verdict::Allow);
+    let s = status(&host, "bad");
+    assert_eq!((s.calls, s.out_of_scope), (0, 1));
+    assert!(
+        host.metrics_text()
+            .contains("weft_plugin_out_of_scope_total{plugin=\"bad\"} 1"),
+        "{}",
+        host.metrics_text()
+    );
+    // The same plugin declaring nothing (`deny` mode: scope all) is called and denies.
+    let all = load("deny", FailurePolicy::FailClosed, &HostConfig::default());
+    assert_eq!(status(&all, "bad").scope.as_deref(), Some("all"));
+    assert!(!all.authorize(&conn(666, Some(PEER))).is_allow());
+    let s = status(&all, "bad");
+    assert_eq!((s.calls, s.out_of_scope), (1, 0));
+}
+
 #[test]
 fn log_flood_is_rate_limited() {
     let cfg = HostConfig {

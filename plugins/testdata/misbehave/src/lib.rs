@@ -22,10 +22,14 @@
 //! `series` (series handles: the same labels twice must give one handle and the wrong number of values must be
 //! refused, else it denies; then adds 1 + 2 through a handle and 5 through a handle it never got),
 //! `series-flood` (registers a new series per call; denies with the host's refusal once there is one).
+//!
+//! `authorize-scope` (the optional export): `scope-trap` traps, `scope-loop` never returns, `scope-nothing`
+//! declares it needs to see no connection at all (while still denying port 666 if asked).
 
 use weft_plugin_sdk::metrics::Counter;
 use weft_plugin_sdk::{
-    AuthorizationPolicy, Connection, Decision, StateKinds, TransportPolicy, Workloads,
+    AuthorizationPolicy, Connection, ConnectionScope, Decision, DestinationScope, StateKinds,
+    TransportPolicy, Workloads,
 };
 
 /// The configured misbehaviour.
@@ -118,6 +122,23 @@ impl TransportPolicy for Misbehave {
             .map(|p| format!("{}/{}", p.namespace, p.name))
             .collect();
         Ok(())
+    }
+
+    fn scope(&self) -> ConnectionScope {
+        match self.mode.as_str() {
+            "scope-trap" => core::arch::wasm32::unreachable(),
+            "scope-loop" => loop {
+                std::hint::black_box(&self.mode);
+            },
+            // Declares it needs to see nothing, though `authorize` denies port 666: the host trusts the
+            // declaration, so port 666 is allowed.
+            "scope-nothing" => ConnectionScope::Destinations(DestinationScope {
+                namespaces: Vec::new(),
+                policies: Vec::new(),
+                unknown_destination: false,
+            }),
+            _ => ConnectionScope::All,
+        }
     }
 
     fn authorize(&mut self, conn: &Connection, workloads: &Workloads<'_>) -> Decision {

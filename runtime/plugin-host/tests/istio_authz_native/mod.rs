@@ -6,6 +6,9 @@
 
 #[path = "../../../../plugins/istio-authz/src/engine.rs"]
 pub mod engine;
+/// The SDK's hasher, which the engine's maps use (`super::hash`).
+#[path = "../../../../sdk/src/hash.rs"]
+mod hash;
 
 use engine::{
     Action, Conn, Denial, IgnoreDryRun, Index, Match, Net, Policy, SaMatch, Scope, StrMatch,
