@@ -185,6 +185,14 @@ pub trait Telemetry: Sized + 'static {
         let _ = (conn, close);
     }
 
+    /// A connection that opened and closed within one batch (most short connections), reported once. Default:
+    /// [`on_open`](Self::on_open) then [`on_close`](Self::on_close). Override it to skip what an open followed at
+    /// once by its close does not need (`istio-telemetry` does not track it as live).
+    fn on_open_close(&mut self, conn: &ConnectionInfo<'_>, close: &CloseInfo) {
+        self.on_open(conn);
+        self.on_close(conn, close);
+    }
+
     /// The batch's events have all been seen: the place to hand the host what was summed over them (one metric
     /// update per series per batch instead of one per event; each update is a call into the host).
     fn on_batch_end(&mut self) {}

@@ -4,8 +4,8 @@ use std::cell::RefCell;
 use std::thread::LocalKey;
 
 use crate::bindings::weft::plugin::types::{
-    Connection, ConnectionScope, Decision, Event, EventConnection, StateKinds, StateUpdate,
-    Workload, WorkloadMeta,
+    BatchEvent, Connection, ConnectionScope, Decision, Event, EventConnection, StateKinds,
+    StateUpdate, Workload, WorkloadMeta,
 };
 use crate::{ConnectionInfo, Telemetry, TransportPolicy, Workloads};
 
@@ -87,6 +87,28 @@ pub fn telemetry_on_events<T: Telemetry>(
                 match event {
                     Event::Opened(c) => plugin.on_open(&info(c)),
                     Event::Closed((c, close)) => plugin.on_close(&info(c), close),
+                }
+            }
+            plugin.on_batch_end();
+        }
+    });
+}
+
+/// `on-batch` of the telemetry world's `telemetry-batches` export: `on-events` with `opened-closed` events,
+/// handed to [`Telemetry::on_open_close`].
+pub fn telemetry_on_batch<T: Telemetry>(
+    slot: &'static Slot<T>,
+    workloads: Vec<WorkloadMeta>,
+    events: Vec<BatchEvent>,
+) {
+    let info = |c| resolve(c, &workloads);
+    slot.with(|s| {
+        if let Some(plugin) = s.borrow_mut().as_mut() {
+            for event in &events {
+                match event {
+                    BatchEvent::Opened(c) => plugin.on_open(&info(c)),
+                    BatchEvent::Closed((c, close)) => plugin.on_close(&info(c), close),
+                    BatchEvent::OpenedClosed((c, close)) => plugin.on_open_close(&info(c), close),
                 }
             }
             plugin.on_batch_end();

@@ -536,6 +536,27 @@ impl Telemetry for IstioTelemetry {
     }
 
     fn on_close(&mut self, info: &ConnectionInfo<'_>, close: &CloseInfo) {
+        let open = self.live.remove(&info.conn.id);
+        if open.is_some() {
+            self.sockets_add(info, -1);
+        }
+        self.closed(info, close, open);
+    }
+
+    /// Opened and closed within one batch: counted opened with the labels of its open, then closed as usual,
+    /// without a trip through the live table; the sockets gauge moves by 0 (its series exists, as after an open
+    /// and a close).
+    fn on_open_close(&mut self, info: &ConnectionInfo<'_>, close: &CloseInfo) {
+        let set = self.open_set(info);
+        self.add(set, Which::Opened, 1);
+        self.sockets_add(info, 0);
+        self.closed(info, close, Some(set));
+    }
+}
+
+impl IstioTelemetry {
+    /// A close, given the label set of its open when it was reported open (`None`: never reported open).
+    fn closed(&mut self, info: &ConnectionInfo<'_>, close: &CloseInfo, open: Option<usize>) {
         let flags = or_unknown(&close.response_flags);
         let flags = if flags == UNKNOWN { "-" } else { flags };
         let failed = flags != "-";
@@ -543,11 +564,8 @@ impl Telemetry for IstioTelemetry {
         // The labels are rebuilt only when something needs them: a connection never reported open (denied, or the
         // connect failed: ztunnel counts it opened as well), a failure flag, or the access log.
         let mut report = None;
-        let open_set = match self.live.remove(&info.conn.id) {
-            Some(set) => {
-                self.sockets_add(info, -1);
-                set
-            }
+        let open_set = match open {
+            Some(set) => set,
             None => {
                 let r = Report::new(info, "-", self.options.spiffe_prefix);
                 let set = self.label_set(&r.values);
@@ -580,9 +598,7 @@ impl Telemetry for IstioTelemetry {
             weft_plugin_sdk::log::log(level, &line);
         }
     }
-}
 
-impl IstioTelemetry {
     /// The label names the metrics carry.
     pub fn label_names(&self) -> &[&'static str] {
         &self.label_names

@@ -66,11 +66,21 @@ pub(crate) fn workload_meta(w: &WorkloadMeta) -> wit::WorkloadMeta {
 /// converted (and later lowered into every plugin) once per batch, however many of the batch's events name it;
 /// events refer to it by its index in `workloads`. Workloads are told apart by their `Arc`: the batch holds every
 /// record it converted, so no address is freed and reused while the index is alive.
+///
+/// In merging mode (every serving plugin takes `telemetry-batches`), a connection whose open and close both fall
+/// in the batch becomes one `opened-closed` event at the place of its close; its open's slot is dropped by
+/// [`EventBatch::seal`]. Otherwise every open and close is its own event, in order.
 pub(crate) struct EventBatch {
+    /// The record of each event (for plugins with a workload selector), in step with `events`.
     pub records: Vec<ConnectionRecord>,
     pub workloads: Vec<wit::WorkloadMeta>,
-    pub events: Vec<wit::Event>,
+    pub events: Vec<wit::BatchEvent>,
     index: HashMap<*const WorkloadMeta, u32>,
+    merge: bool,
+    /// Opens of this batch not closed yet (merging mode): connection id → slot.
+    open: HashMap<u64, usize>,
+    /// Slots of opens merged into a later `opened-closed`, dropped by [`EventBatch::seal`].
+    merged: Vec<usize>,
 }
 
 impl EventBatch {
@@ -80,22 +90,73 @@ impl EventBatch {
             workloads: Vec::new(),
             events: Vec::with_capacity(n),
             index: HashMap::new(),
+            merge: false,
+            open: HashMap::new(),
+            merged: Vec::new(),
         }
+    }
+
+    /// Whether the next events merge opens and closes (set on an empty batch).
+    pub fn set_merging(&mut self, merge: bool) {
+        debug_assert!(self.events.is_empty());
+        self.merge = merge;
     }
 
     pub fn opened(&mut self, c: ConnectionRecord) {
         let conn = self.connection(&c);
-        self.events.push(wit::Event::Opened(conn));
+        if self.merge {
+            self.open.insert(c.id, self.events.len());
+        }
+        self.events.push(wit::BatchEvent::Opened(conn));
         self.records.push(c);
     }
 
     pub fn closed(&mut self, c: ConnectionRecord, close: &CloseRecord) {
-        let conn = self.connection(&c);
-        self.events
-            .push(wit::Event::Closed((conn, close_info(close))));
+        let info = close_info(close);
+        let event = match self.open.remove(&c.id) {
+            Some(at) => {
+                self.merged.push(at);
+                // The open's converted connection moves over; its slot keeps a placeholder until `seal`.
+                match std::mem::replace(&mut self.events[at], placeholder()) {
+                    wit::BatchEvent::Opened(conn) => wit::BatchEvent::OpenedClosed((conn, info)),
+                    other => {
+                        // Never: `open` only names slots holding an open. Put it back and report the close alone.
+                        self.events[at] = other;
+                        self.merged.pop();
+                        wit::BatchEvent::Closed((self.connection(&c), info))
+                    }
+                }
+            }
+            None => wit::BatchEvent::Closed((self.connection(&c), info)),
+        };
+        self.events.push(event);
         self.records.push(c);
     }
 
+    /// Drops the slots of merged opens; call before delivering.
+    pub fn seal(&mut self) {
+        if self.merged.is_empty() {
+            return;
+        }
+        let mut dead = vec![false; self.events.len()];
+        for &at in &self.merged {
+            dead[at] = true;
+        }
+        let mut i = 0;
+        self.events.retain(|_| {
+            i += 1;
+            !dead[i - 1]
+        });
+        let mut i = 0;
+        self.records.retain(|_| {
+            i += 1;
+            !dead[i - 1]
+        });
+        self.merged.clear();
+    }
+
+    /// Events taken into the batch so far (a merged open counts until `seal`: the batch bound counts what the
+    /// worker took).
     pub fn len(&self) -> usize {
         self.events.len()
     }
@@ -105,6 +166,8 @@ impl EventBatch {
         self.events.clear();
         self.workloads.clear();
         self.records.clear();
+        self.open.clear();
+        self.merged.clear();
     }
 
     fn connection(&mut self, c: &ConnectionRecord) -> wit::EventConnection {
@@ -122,6 +185,54 @@ impl EventBatch {
             next
         })
     }
+}
+
+/// A connection as a telemetry event names it, with no batch to index its workloads in (tests).
+#[cfg(test)]
+pub(crate) fn connection_event(c: &ConnectionRecord) -> wit::EventConnection {
+    wit::EventConnection {
+        conn: connection(c),
+        source_workload: None,
+        destination_workload: None,
+    }
+}
+
+/// What a merged open's slot holds until [`EventBatch::seal`] drops it (nothing allocated).
+fn placeholder() -> wit::BatchEvent {
+    let nowhere = wit::SocketAddress {
+        address: wit::IpAddress::Ipv4(0),
+        port: 0,
+    };
+    wit::BatchEvent::Opened(wit::EventConnection {
+        conn: wit::Connection {
+            id: 0,
+            direction: wit::Direction::Inbound,
+            source: nowhere,
+            destination: nowhere,
+            peer_identity: None,
+            destination_service: None,
+            hbone: false,
+        },
+        source_workload: None,
+        destination_workload: None,
+    })
+}
+
+/// A batch as `telemetry.on-events` takes it (plugins without `telemetry-batches`): an `opened-closed` becomes its
+/// open and its close.
+pub(crate) fn plain_events(events: &[wit::BatchEvent]) -> Vec<wit::Event> {
+    let mut out = Vec::with_capacity(events.len());
+    for e in events {
+        match e {
+            wit::BatchEvent::Opened(c) => out.push(wit::Event::Opened(c.clone())),
+            wit::BatchEvent::Closed(x) => out.push(wit::Event::Closed(x.clone())),
+            wit::BatchEvent::OpenedClosed((c, close)) => {
+                out.push(wit::Event::Opened(c.clone()));
+                out.push(wit::Event::Closed((c.clone(), close.clone())));
+            }
+        }
+    }
+    out
 }
 
 pub(crate) fn close_info(close: &CloseRecord) -> wit::CloseInfo {

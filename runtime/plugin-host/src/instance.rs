@@ -8,7 +8,7 @@ use wasmtime::component::{Linker, Resource};
 use wasmtime::{Engine, Store, Trap};
 
 use crate::bindings::types as wit;
-use crate::bindings::{WorkloadRes, policy, scope, telemetry};
+use crate::bindings::{WorkloadRes, batches, policy, scope, telemetry};
 use crate::epoch::EpochClock;
 use crate::error::{CallError, ErrorKind, LoadError};
 use crate::store::{PluginCtx, StoreData};
@@ -22,7 +22,25 @@ pub(crate) enum Pre {
         /// The optional `authorize-scope` export, when the component has it.
         scope: Option<scope::AuthorizeScopeExportIndices>,
     },
-    Telemetry(telemetry::TelemetrySinkPre<StoreData>),
+    Telemetry {
+        pre: wasmtime::component::InstancePre<StoreData>,
+        core: telemetry::TelemetrySinkCoreIndices,
+        /// The optional `telemetry-batches` export, when the component has it.
+        batches: Option<batches::TelemetryBatchesExportIndices>,
+    },
+}
+
+impl Pre {
+    /// Whether a telemetry plugin takes merged batches (`telemetry-batches`).
+    pub fn takes_batches(&self) -> bool {
+        matches!(
+            self,
+            Pre::Telemetry {
+                batches: Some(_),
+                ..
+            }
+        )
+    }
 }
 
 enum Exports {
@@ -30,7 +48,23 @@ enum Exports {
         policy::TransportPolicyCore,
         Option<scope::AuthorizeScopeExport>,
     ),
-    Telemetry(telemetry::TelemetrySink),
+    Telemetry(
+        telemetry::TelemetrySinkCore,
+        Option<batches::TelemetryBatchesExport>,
+    ),
+}
+
+/// Whether `component` exports the interface `weft:plugin/<name>` (any version).
+fn exports_interface(
+    engine: &Engine,
+    component: &wasmtime::component::Component,
+    name: &str,
+) -> bool {
+    let wanted = format!("weft:plugin/{name}");
+    component
+        .component_type()
+        .exports(engine)
+        .any(|(n, _)| n.split('@').next() == Some(wanted.as_str()))
 }
 
 /// The limits applied to every instance, and the epoch clock its calls are timed by.
@@ -131,11 +165,7 @@ pub(crate) fn link(
             // Optional, but a component that exports it must export it right (an interface of another version
             // or shape is refused, not ignored: the plugin would be asked about connections it declared out of
             // scope, or the other way round).
-            let exports_scope = component
-                .component_type()
-                .exports(engine)
-                .any(|(name, _)| name.split('@').next() == Some("weft:plugin/authorize-scope"));
-            let scope = if exports_scope {
+            let scope = if exports_interface(engine, component, "authorize-scope") {
                 Some(scope::AuthorizeScopeExportIndices::new(&pre).map_err(wrong)?)
             } else {
                 None
@@ -143,15 +173,20 @@ pub(crate) fn link(
             Ok(Pre::Policy { pre, core, scope })
         }
         weft_state::PluginKind::Telemetry => {
-            telemetry::TelemetrySink::add_to_linker::<_, wasmtime::component::HasSelf<_>>(
+            telemetry::TelemetrySinkCore::add_to_linker::<_, wasmtime::component::HasSelf<_>>(
                 &mut linker,
                 |d| d,
             )
             .map_err(|e| LoadError::Internal(format!("{e:#}")))?;
             let pre = linker.instantiate_pre(component).map_err(wrong)?;
-            Ok(Pre::Telemetry(
-                telemetry::TelemetrySinkPre::new(pre).map_err(wrong)?,
-            ))
+            let core = telemetry::TelemetrySinkCoreIndices::new(&pre).map_err(wrong)?;
+            // Optional; one of another version or shape is refused (see `authorize-scope`).
+            let batches = if exports_interface(engine, component, "telemetry-batches") {
+                Some(batches::TelemetryBatchesExportIndices::new(&pre).map_err(wrong)?)
+            } else {
+                None
+            };
+            Ok(Pre::Telemetry { pre, core, batches })
         }
     }
 }
@@ -260,7 +295,15 @@ impl Instance {
                         .transpose()?;
                     Ok(Exports::Policy(policy, scope))
                 }
-                Pre::Telemetry(p) => p.instantiate(store).map(Exports::Telemetry),
+                Pre::Telemetry { pre, core, batches } => {
+                    let instance = pre.instantiate(&mut *store)?;
+                    let telemetry = core.load(&mut *store, &instance)?;
+                    let batches = batches
+                        .as_ref()
+                        .map(|b| b.load(&mut *store, &instance))
+                        .transpose()?;
+                    Ok(Exports::Telemetry(telemetry, batches))
+                }
             },
         )
         .map_err(inst_err)?;
@@ -285,7 +328,7 @@ impl Instance {
             limits.configure_deadline,
             |store| match exports {
                 Exports::Policy(p, _) => p.weft_plugin_policy().call_configure(store, config),
-                Exports::Telemetry(t) => t
+                Exports::Telemetry(t, _) => t
                     .weft_plugin_telemetry()
                     .call_configure(store, config)
                     .map(|r| r.map(|()| wit::StateKinds::empty())),
@@ -381,26 +424,42 @@ impl Instance {
         .map_err(|e| classify(e, &self.store))
     }
 
-    /// `on-events` (telemetry world only).
-    pub fn on_events(
+    /// Hands a batch to a telemetry plugin: through `telemetry-batches.on-batch` when it exports it, else through
+    /// `telemetry.on-events` (the caller merges opens and closes only when every plugin takes batches; an
+    /// `opened-closed` found anyway is handed over as its open and its close).
+    pub fn on_batch(
         &mut self,
         workloads: &[wit::WorkloadMeta],
-        events: &[wit::Event],
+        events: &[wit::BatchEvent],
     ) -> Result<(), CallError> {
-        let Exports::Telemetry(t) = &self.exports else {
+        let Exports::Telemetry(t, batches) = &self.exports else {
             return Ok(());
         };
         let limits = &self.limits;
-        timed(
-            &mut self.store,
-            &limits.clock,
-            limits.call_deadline,
-            |store| {
-                t.weft_plugin_telemetry()
-                    .call_on_events(store, workloads, events)
-            },
-        )
-        .map_err(|e| classify(e, &self.store))
+        let r = match batches {
+            Some(b) => timed(
+                &mut self.store,
+                &limits.clock,
+                limits.call_deadline,
+                |store| {
+                    b.weft_plugin_telemetry_batches()
+                        .call_on_batch(store, workloads, events)
+                },
+            ),
+            None => {
+                let plain = crate::convert::plain_events(events);
+                timed(
+                    &mut self.store,
+                    &limits.clock,
+                    limits.call_deadline,
+                    |store| {
+                        t.weft_plugin_telemetry()
+                            .call_on_events(store, workloads, &plain)
+                    },
+                )
+            }
+        };
+        r.map_err(|e| classify(e, &self.store))
     }
 }
 

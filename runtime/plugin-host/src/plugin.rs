@@ -315,11 +315,11 @@ impl PluginVersion {
     }
 
     /// Hands a batch to a telemetry plugin; a failure drops the batch (counted).
-    pub fn on_events(&self, workloads: &[wit::WorkloadMeta], events: &[wit::Event]) {
+    pub fn on_batch(&self, workloads: &[wit::WorkloadMeta], events: &[wit::BatchEvent]) {
         let started = Instant::now();
         let c = &self.ctx.counters;
         c.calls.inc();
-        let result = self.with_instance(|inst| inst.on_events(workloads, events));
+        let result = self.with_instance(|inst| inst.on_batch(workloads, events));
         c.latency.observe(started.elapsed().as_secs_f64());
         self.record(&result);
         if let Err(e) = result {
@@ -329,6 +329,11 @@ impl PluginVersion {
                     "telemetry plugin call failed; batch dropped");
             }
         }
+    }
+
+    /// Whether this telemetry plugin takes merged batches (it exports `telemetry-batches`).
+    pub fn takes_batches(&self) -> bool {
+        self.pre.takes_batches()
     }
 
     /// Whether this plugin applies to a connection (direction for policy plugins, and the workload selector on

@@ -81,6 +81,7 @@ impl TelemetryQueue {
                 worker(
                     rx,
                     batch.max(1),
+                    || chain.load().telemetry.iter().all(|p| p.takes_batches()),
                     |batch| deliver(&chain.load(), batch),
                     || {
                         if !linger.is_zero() {
@@ -208,12 +209,16 @@ impl QueueRx {
 fn worker(
     mut rx: QueueRx,
     batch: usize,
+    mut merging: impl FnMut() -> bool,
     mut deliver: impl FnMut(&EventBatch),
     mut linger: impl FnMut(),
 ) {
     let mut events = EventBatch::with_capacity(batch);
     let mut flushes = Vec::new();
     while let Some(first) = rx.recv() {
+        // Merge a connection's open and close only when every plugin takes merged batches (checked per batch:
+        // one swapped in meanwhile gets its opens and closes apart anyway, see `Instance::on_batch`).
+        events.set_merging(merging());
         let mut next = Some(first);
         while let Some(msg) = next.take() {
             match msg {
@@ -227,6 +232,7 @@ fn worker(
         }
         let taken = events.len();
         if taken > 0 {
+            events.seal();
             deliver(&events);
         }
         events.clear();
@@ -243,10 +249,10 @@ fn deliver(chain: &Chain, batch: &EventBatch) {
     for plugin in &chain.telemetry {
         let sel = &plugin.spec.selector;
         if sel.namespaces.is_empty() && sel.workloads.is_empty() {
-            plugin.on_events(&batch.workloads, &batch.events);
+            plugin.on_batch(&batch.workloads, &batch.events);
         } else {
             // The batch's workloads go along whole: the picked events' indices stay valid.
-            let picked: Vec<wit::Event> = batch
+            let picked: Vec<wit::BatchEvent> = batch
                 .records
                 .iter()
                 .zip(&batch.events)
@@ -254,7 +260,7 @@ fn deliver(chain: &Chain, batch: &EventBatch) {
                 .map(|(_, e)| e.clone())
                 .collect();
             if !picked.is_empty() {
-                plugin.on_events(&batch.workloads, &picked);
+                plugin.on_batch(&batch.workloads, &picked);
             }
         }
     }
@@ -285,6 +291,160 @@ mod tests {
         }
     }
 
+    /// In merging mode a connection opened and closed within a batch is one `opened-closed` at the place of its
+    /// close (its records in step); a close whose open came in an earlier batch, and an open not closed yet, stay
+    /// apart. Without merging every open and close is its own event, in order.
+    #[test]
+    fn opens_and_closes_within_a_batch_merge_only_in_merging_mode() {
+        use wit::BatchEvent as E;
+        let with_id = |id| ConnectionRecord { id, ..record() };
+        let close = CloseRecord {
+            bytes_sent: 1,
+            bytes_received: 2,
+            duration: Duration::from_millis(3),
+            verdict: weft_hooks::Verdict::Allow,
+            error: None,
+            response_flags: "-",
+        };
+        let kinds = |merging: bool| {
+            let (queue, rx) = TelemetryQueue::unstarted(100, Counter::default());
+            queue.send(Msg::Opened(with_id(1)));
+            queue.send(Msg::Opened(with_id(2)));
+            queue.send(Msg::Closed(with_id(1), close.clone()));
+            queue.send(Msg::Closed(with_id(3), close.clone()));
+            queue.send(Msg::Opened(with_id(4)));
+            queue.send(Msg::Closed(with_id(2), close.clone()));
+            drop(queue);
+            let mut seen = Vec::new();
+            worker(
+                rx,
+                100,
+                || merging,
+                |batch| {
+                    assert_eq!(batch.records.len(), batch.events.len());
+                    for (r, e) in batch.records.iter().zip(&batch.events) {
+                        let (kind, id) = match e {
+                            E::Opened(c) => ("opened", c.conn.id),
+                            E::Closed((c, _)) => ("closed", c.conn.id),
+                            E::OpenedClosed((c, info)) => {
+                                assert_eq!((info.bytes_sent, info.bytes_received), (1, 2));
+                                ("opened-closed", c.conn.id)
+                            }
+                        };
+                        assert_eq!(r.id, id);
+                        seen.push((kind, id));
+                    }
+                },
+                || {},
+            );
+            seen
+        };
+        assert_eq!(
+            kinds(true),
+            [
+                ("opened-closed", 1),
+                ("closed", 3),
+                ("opened", 4),
+                ("opened-closed", 2)
+            ]
+        );
+        assert_eq!(
+            kinds(false),
+            [
+                ("opened", 1),
+                ("opened", 2),
+                ("closed", 1),
+                ("closed", 3),
+                ("opened", 4),
+                ("closed", 2)
+            ]
+        );
+        // What a plugin without `telemetry-batches` gets from a merged batch: the open, then the close.
+        let plain = crate::convert::plain_events(&[E::OpenedClosed((
+            crate::convert::connection_event(&with_id(7)),
+            crate::convert::close_info(&close),
+        ))]);
+        assert!(matches!(
+            &plain[..],
+            [wit::Event::Opened(a), wit::Event::Closed((b, _))] if a.conn.id == 7 && b.conn.id == 7
+        ));
+    }
+
+    /// An `opened-closed` reaches an SDK plugin through `telemetry-batches` as one open-and-close
+    /// (`istio-telemetry` counts exactly what an open then a close would: opened, closed, bytes, the sockets gauge
+    /// at 0), and a plugin built without that export as its open, then its close.
+    #[test]
+    fn a_merged_event_reaches_new_and_legacy_plugins_as_an_open_and_a_close() {
+        let close = CloseRecord {
+            bytes_sent: 10,
+            bytes_received: 20,
+            duration: Duration::from_millis(3),
+            verdict: weft_hooks::Verdict::Allow,
+            error: None,
+            response_flags: "-",
+        };
+        for (dir, takes_batches) in [
+            ("plugins/istio-telemetry", true),
+            ("plugins/testdata/legacy-telemetry", false),
+        ] {
+            let wasm = crate::testing::build_plugin(dir).unwrap();
+            let h = crate::testing::Harness::telemetry(&wasm, r#"{"accessLog": "off"}"#).unwrap();
+            let version = h
+                .host()
+                .applied
+                .lock()
+                .unwrap()
+                .serving
+                .get("plugin")
+                .cloned()
+                .unwrap();
+            assert_eq!(version.takes_batches(), takes_batches, "{dir}");
+            let record =
+                crate::testing::conn(8080, Some("spiffe://cluster.local/ns/shop/sa/frontend"));
+            let mut batch = EventBatch::with_capacity(4);
+            batch.set_merging(true);
+            batch.opened(record.clone());
+            batch.closed(record, &close);
+            batch.seal();
+            assert!(
+                matches!(&batch.events[..], [wit::BatchEvent::OpenedClosed(_)]),
+                "{dir}"
+            );
+            version.on_batch(&batch.workloads, &batch.events);
+            let text = h.metrics_text();
+            let value = |name: &str| {
+                text.lines()
+                    .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+                    .map(|l| l.rsplit(' ').next().unwrap().to_string())
+                    .collect::<Vec<_>>()
+            };
+            if takes_batches {
+                assert_eq!(
+                    value("istio_tcp_connections_opened_total{"),
+                    ["1"],
+                    "{text}"
+                );
+                assert_eq!(
+                    value("istio_tcp_connections_closed_total{"),
+                    ["1"],
+                    "{text}"
+                );
+                assert_eq!(value("istio_tcp_received_bytes_total{"), ["10"], "{text}");
+                assert_eq!(value("istio_tcp_sockets_open{"), ["0"], "{text}");
+            } else {
+                assert_eq!(value("legacy_opened_total"), ["1"], "{text}");
+                assert_eq!(value("legacy_closed_total"), ["1"], "{text}");
+                // The open came first: no close went unmatched (the series exists only once counted).
+                assert!(
+                    value("legacy_unmatched_closes_total").iter().all(|v| v == "0"),
+                    "{text}"
+                );
+            }
+            let errors: u64 = h.host().status()[0].errors.values().sum();
+            assert_eq!(errors, 0, "{dir}");
+        }
+    }
+
     /// Past its bound the queue drops and counts, and what the worker takes makes room again.
     #[test]
     fn a_full_queue_drops_and_counts_and_frees_room_as_the_worker_reads() {
@@ -310,6 +470,7 @@ mod tests {
             worker(
                 rx,
                 16,
+                || false,
                 |b| {
                     seen.fetch_add(b.len(), std::sync::atomic::Ordering::Relaxed);
                 },
@@ -333,6 +494,7 @@ mod tests {
             worker(
                 rx,
                 16,
+                || false,
                 |b| {
                     let _ = got_tx.send(b.len());
                 },
@@ -371,6 +533,7 @@ mod tests {
         worker(
             rx,
             2,
+            || false,
             |batch| {
                 assert_eq!(batch.records.len(), batch.events.len());
                 steps.borrow_mut().push(Step::Delivered(batch.len()));
