@@ -142,10 +142,12 @@ pub struct CloseRecord {
 pub trait ConnectionHooks: Send + Sync + 'static {
     /// Decide whether a connection may proceed. Called once per connection, after the peer identity is known.
     fn authorize(&self, conn: &ConnectionRecord) -> Verdict;
-    /// A connection was established (after `authorize` allowed it).
-    fn on_open(&self, conn: &ConnectionRecord);
+    /// A connection was established (after `authorize` allowed it). The record comes shared, so a hook that keeps
+    /// it past the call (the telemetry queue) takes a reference instead of copying it: a copy would touch the
+    /// reference counts of the workloads' metadata, which every connection of a workload shares across threads.
+    fn on_open(&self, conn: &Arc<ConnectionRecord>);
     /// A connection ended (allowed or not).
-    fn on_close(&self, conn: &ConnectionRecord, close: &CloseRecord);
+    fn on_close(&self, conn: &Arc<ConnectionRecord>, close: &CloseRecord);
     /// A receiver that changes whenever policy changed in a way that may deny live connections; the data path
     /// then calls `authorize` again on each live connection and closes those now denied.
     fn policy_changes(&self) -> tokio::sync::watch::Receiver<u64>;
@@ -169,8 +171,8 @@ impl ConnectionHooks for NoHooks {
     fn authorize(&self, _conn: &ConnectionRecord) -> Verdict {
         Verdict::Allow
     }
-    fn on_open(&self, _conn: &ConnectionRecord) {}
-    fn on_close(&self, _conn: &ConnectionRecord, _close: &CloseRecord) {}
+    fn on_open(&self, _conn: &Arc<ConnectionRecord>) {}
+    fn on_close(&self, _conn: &Arc<ConnectionRecord>, _close: &CloseRecord) {}
     fn policy_changes(&self) -> tokio::sync::watch::Receiver<u64> {
         self.changes.subscribe()
     }

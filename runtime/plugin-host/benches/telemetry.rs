@@ -127,11 +127,13 @@ fn bench(c: &mut Criterion) {
         workload("client", "shop", "frontend"),
         workload("server", "shop", "backend"),
     );
-    let conns: Vec<ConnectionRecord> = (0..CONNS)
-        .map(|_| ConnectionRecord {
-            src_workload: Some(client.clone()),
-            dst_workload: Some(server.clone()),
-            ..conn(8080, Some(PEER))
+    let conns: Vec<std::sync::Arc<ConnectionRecord>> = (0..CONNS)
+        .map(|_| {
+            std::sync::Arc::new(ConnectionRecord {
+                src_workload: Some(client.clone()),
+                dst_workload: Some(server.clone()),
+                ..conn(8080, Some(PEER))
+            })
         })
         .collect();
     let close = close();

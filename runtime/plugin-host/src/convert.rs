@@ -72,7 +72,7 @@ pub(crate) fn workload_meta(w: &WorkloadMeta) -> wit::WorkloadMeta {
 /// [`EventBatch::seal`]. Otherwise every open and close is its own event, in order.
 pub(crate) struct EventBatch {
     /// The record of each event (for plugins with a workload selector), in step with `events`.
-    pub records: Vec<ConnectionRecord>,
+    pub records: Vec<Arc<ConnectionRecord>>,
     pub workloads: Vec<wit::WorkloadMeta>,
     pub events: Vec<wit::BatchEvent>,
     index: HashMap<*const WorkloadMeta, u32>,
@@ -102,7 +102,7 @@ impl EventBatch {
         self.merge = merge;
     }
 
-    pub fn opened(&mut self, c: ConnectionRecord) {
+    pub fn opened(&mut self, c: Arc<ConnectionRecord>) {
         let conn = self.connection(&c);
         if self.merge {
             self.open.insert(c.id, self.events.len());
@@ -111,7 +111,7 @@ impl EventBatch {
         self.records.push(c);
     }
 
-    pub fn closed(&mut self, c: ConnectionRecord, close: &CloseRecord) {
+    pub fn closed(&mut self, c: Arc<ConnectionRecord>, close: &CloseRecord) {
         let info = close_info(close);
         let event = match self.open.remove(&c.id) {
             Some(at) => {

@@ -258,13 +258,13 @@ impl ConnectionHooks for PluginHost {
         self.chain.load().authorize(conn)
     }
 
-    fn on_open(&self, conn: &ConnectionRecord) {
+    fn on_open(&self, conn: &Arc<ConnectionRecord>) {
         if !self.chain.load().telemetry.is_empty() {
             self.telemetry.send(Msg::Opened(conn.clone()));
         }
     }
 
-    fn on_close(&self, conn: &ConnectionRecord, close: &CloseRecord) {
+    fn on_close(&self, conn: &Arc<ConnectionRecord>, close: &CloseRecord) {
         if !self.chain.load().telemetry.is_empty() {
             self.telemetry
                 .send(Msg::Closed(conn.clone(), close.clone()));

@@ -20,8 +20,9 @@ use crate::chain::Chain;
 use crate::convert::EventBatch;
 
 pub(crate) enum Msg {
-    Opened(ConnectionRecord),
-    Closed(ConnectionRecord, CloseRecord),
+    /// The data path's own record, shared: queueing an event copies no field of it.
+    Opened(Arc<ConnectionRecord>),
+    Closed(Arc<ConnectionRecord>, CloseRecord),
     /// Answered once every event queued before it was handed to the plugins.
     Flush(SyncSender<()>),
 }
@@ -297,7 +298,7 @@ mod tests {
     #[test]
     fn opens_and_closes_within_a_batch_merge_only_in_merging_mode() {
         use wit::BatchEvent as E;
-        let with_id = |id| ConnectionRecord { id, ..record() };
+        let with_id = |id| Arc::new(ConnectionRecord { id, ..record() });
         let close = CloseRecord {
             bytes_sent: 1,
             bytes_received: 2,
@@ -399,8 +400,10 @@ mod tests {
                 .cloned()
                 .unwrap();
             assert_eq!(version.takes_batches(), takes_batches, "{dir}");
-            let record =
-                crate::testing::conn(8080, Some("spiffe://cluster.local/ns/shop/sa/frontend"));
+            let record = Arc::new(crate::testing::conn(
+                8080,
+                Some("spiffe://cluster.local/ns/shop/sa/frontend"),
+            ));
             let mut batch = EventBatch::with_capacity(4);
             batch.set_merging(true);
             batch.opened(record.clone());
@@ -436,7 +439,9 @@ mod tests {
                 assert_eq!(value("legacy_closed_total"), ["1"], "{text}");
                 // The open came first: no close went unmatched (the series exists only once counted).
                 assert!(
-                    value("legacy_unmatched_closes_total").iter().all(|v| v == "0"),
+                    value("legacy_unmatched_closes_total")
+                        .iter()
+                        .all(|v| v == "0"),
                     "{text}"
                 );
             }
@@ -451,17 +456,17 @@ mod tests {
         let dropped = Counter::default();
         let (queue, mut rx) = TelemetryQueue::unstarted(2, dropped.clone());
         for _ in 0..3 {
-            queue.send(Msg::Opened(record()));
+            queue.send(Msg::Opened(Arc::new(record())));
         }
         assert_eq!(dropped.get(), 1);
         assert_eq!(queue.queued(), 2);
         // The worker takes all that is queued at once: the room is free again while it hands the events out.
         drop(rx.recv().unwrap());
         assert_eq!(queue.queued(), 0);
-        queue.send(Msg::Opened(record()));
-        queue.send(Msg::Opened(record()));
+        queue.send(Msg::Opened(Arc::new(record())));
+        queue.send(Msg::Opened(Arc::new(record())));
         assert_eq!(dropped.get(), 1);
-        queue.send(Msg::Opened(record()));
+        queue.send(Msg::Opened(Arc::new(record())));
         assert_eq!(dropped.get(), 2);
         // A worker started on the rest drains it, and a flush answers once it has.
         let delivered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -502,7 +507,7 @@ mod tests {
             )
         });
         for _ in 0..3 {
-            queue.send(Msg::Opened(record()));
+            queue.send(Msg::Opened(Arc::new(record())));
             assert_eq!(
                 got.recv().unwrap(),
                 1,
@@ -524,7 +529,7 @@ mod tests {
         }
         let (queue, rx) = TelemetryQueue::unstarted(100, Counter::default());
         for _ in 0..5 {
-            queue.send(Msg::Opened(record()));
+            queue.send(Msg::Opened(Arc::new(record())));
         }
         let (flushed_tx, flushed) = std::sync::mpsc::sync_channel(1);
         queue.send(Msg::Flush(flushed_tx));

@@ -269,8 +269,9 @@ impl Harness {
 
     /// Sends a connection's open and close events through telemetry and waits until they were delivered.
     pub fn open_close(&self, conn: &ConnectionRecord, close: &weft_hooks::CloseRecord) {
-        self.host.on_open(conn);
-        self.host.on_close(conn, close);
+        let conn = Arc::new(conn.clone());
+        self.host.on_open(&conn);
+        self.host.on_close(&conn, close);
         self.host.flush_telemetry();
     }
 

@@ -361,7 +361,7 @@ fn label_bytes_per_plugin_are_capped() {
 #[test]
 fn replacing_or_removing_a_plugin_drops_its_series() {
     let host = host();
-    let c = conn(80, Some(PEER));
+    let c = std::sync::Arc::new(conn(80, Some(PEER)));
     let counted = |host: &PluginHost| {
         host.metrics_text()
             .lines()

@@ -221,7 +221,7 @@ fn bytes_follow_istio_directions() {
 #[test]
 fn many_connections_at_once_add_up_in_every_series() {
     let h = Harness::telemetry(&wasm(), r#"{"accessLog": "off"}"#).unwrap();
-    let conns: Vec<ConnectionRecord> = (0..50).map(|_| rich_conn()).collect();
+    let conns: Vec<Arc<ConnectionRecord>> = (0..50).map(|_| Arc::new(rich_conn())).collect();
     for c in &conns {
         h.host().on_open(c);
     }
@@ -257,7 +257,7 @@ fn many_connections_at_once_add_up_in_every_series() {
 #[test]
 fn denied_connection_is_opened_closed_and_failed() {
     let h = Harness::telemetry(&wasm(), "").unwrap();
-    let c = rich_conn();
+    let c = Arc::new(rich_conn());
     let denied = CloseRecord {
         verdict: Verdict::Deny {
             by: "istio-authz".into(),
@@ -525,7 +525,7 @@ fn access_log_json_with_error() {
         response_flags: "DENY",
         ..close(0, 0)
     };
-    h.host().on_close(&c, &denied);
+    h.host().on_close(&Arc::new(c), &denied);
     h.host().flush_telemetry();
     let line = find_log("10.0.0.1:42222").expect("access log line");
     let v: serde_json::Value = serde_json::from_str(&line).unwrap();

@@ -468,7 +468,7 @@ fn telemetry_plugin_metrics_and_status() {
         &[],
     );
     assert!(report.rejected().is_empty(), "{report:?}");
-    let c = conn(80, Some(PEER));
+    let c = Arc::new(conn(80, Some(PEER)));
     host.on_open(&c);
     host.on_close(
         &c,

@@ -169,7 +169,11 @@ impl Inner {
 
     /// Ask the policy plugins about an inbound connection; a denial is logged and reported here.
     /// Allowed: the tracker's policy epoch read before asking (for [`Inner::run`]).
-    pub(crate) fn authorize_inbound(&self, record: &ConnectionRecord, via: Via) -> Result<u64, ()> {
+    pub(crate) fn authorize_inbound(
+        &self,
+        record: &Arc<ConnectionRecord>,
+        via: Via,
+    ) -> Result<u64, ()> {
         let epoch = self.tracker.policy_epoch();
         match self.hooks.authorize(record) {
             Verdict::Allow => Ok(epoch),
@@ -185,7 +189,7 @@ impl Inner {
     /// logged and reported here.
     pub(crate) async fn connect_workload(
         &self,
-        record: &ConnectionRecord,
+        record: &Arc<ConnectionRecord>,
         via: Via,
         dst: SocketAddr,
         bind: Option<std::net::IpAddr>,
@@ -204,7 +208,7 @@ impl Inner {
     /// Report a connection that never got established (denied, unroutable, upstream refused...).
     pub(crate) fn failed(
         &self,
-        record: &ConnectionRecord,
+        record: &Arc<ConnectionRecord>,
         via: Via,
         reason: &'static str,
         verdict: Verdict,

@@ -238,7 +238,7 @@ impl Inner {
             dst_service: None,
             hbone: false,
         };
-        let fail = |record: &ConnectionRecord, reason, flags, e: OutboundError| {
+        let fail = |record: &Arc<ConnectionRecord>, reason, flags, e: OutboundError| {
             let verdict = match &e {
                 OutboundError::Denied { by, reason } => Verdict::Deny {
                     by: by.clone(),
@@ -254,7 +254,7 @@ impl Inner {
             && state.workload_by_ip(dst.ip()).is_some()
         {
             return Err(fail(
-                &record,
+                &Arc::new(record),
                 "self_call",
                 "-",
                 OutboundError::Unroutable(format!("{dst} is a weft port")),
@@ -264,7 +264,7 @@ impl Inner {
             Ok(r) => r,
             Err(e) => {
                 return Err(fail(
-                    &record,
+                    &Arc::new(record),
                     "unknown_destination",
                     "-",
                     OutboundError::Unroutable(e.to_string()),
@@ -280,7 +280,7 @@ impl Inner {
                 unreachable!()
             };
             return Err(fail(
-                &record,
+                &Arc::new(record),
                 "denied",
                 "DENY",
                 OutboundError::Denied { by, reason },

@@ -64,13 +64,13 @@ impl ConnectionHooks for Recorder {
         }
     }
 
-    fn on_open(&self, _conn: &ConnectionRecord) {}
+    fn on_open(&self, _conn: &Arc<ConnectionRecord>) {}
 
-    fn on_close(&self, conn: &ConnectionRecord, close: &CloseRecord) {
+    fn on_close(&self, conn: &Arc<ConnectionRecord>, close: &CloseRecord) {
         self.closes
             .lock()
             .unwrap()
-            .push((conn.clone(), close.clone()));
+            .push(((**conn).clone(), close.clone()));
     }
 
     fn policy_changes(&self) -> tokio::sync::watch::Receiver<u64> {

@@ -369,8 +369,8 @@ mod tests {
                 Verdict::Allow
             }
         }
-        fn on_open(&self, _: &ConnectionRecord) {}
-        fn on_close(&self, _: &ConnectionRecord, _: &CloseRecord) {}
+        fn on_open(&self, _: &Arc<ConnectionRecord>) {}
+        fn on_close(&self, _: &Arc<ConnectionRecord>, _: &CloseRecord) {}
         fn policy_changes(&self) -> tokio::sync::watch::Receiver<u64> {
             tokio::sync::watch::channel(0).1
         }
