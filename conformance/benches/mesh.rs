@@ -9,7 +9,7 @@
 //! policy on the server's namespace that never matches: istio-authz decides every connection), `weft-np`
 //! (`--default-plugins false`),
 //! `weft-base` when `WEFT_BASE_BIN` names another weft build (default plugins; before and after a change, in one
-//! run), and
+//! run; with `BENCH_BASE_POLICY=1` it gets `weft-pol`'s policy, to compare a change to the decision path), and
 //! `ztunnel` when `ZTUNNEL_BIN` names a ztunnel binary built from its public source ([`weft_conformance::ztunnel`];
 //! without it the bench says why and runs the weft figures only: CI has no ztunnel and never needs one). Every
 //! pair stays up for the whole run (an idle pair's own background work lands on every measurement alike) and the
@@ -490,7 +490,10 @@ async fn start_pairs(log: &str) -> (Vec<Running>, Vec<Pair>, Vec<Servers>) {
             layout.flags_b = layout.flags_a.clone();
         }
         let mut config = yaml(c, s);
-        if name == "weft-pol" {
+        if name == "weft-pol"
+            || (name == "weft-base"
+                && std::env::var_os("BENCH_BASE_POLICY").is_some_and(|v| v == "1"))
+        {
             config.push_str(POLICY_NEVER_MATCHING);
         }
         let mesh = NetMesh::start_with(tag, &layout, &config, log)

@@ -1,6 +1,8 @@
 //! Decision cost of `plugins/istio-authz` with 10, 1,000 and 10,000 policies in the mesh (10 of which apply to the
 //! destination workload, see `synthetic`): the plugin's engine compiled natively (the same source file) against
-//! the plugin on a reused instance through the whole host chain.
+//! the plugin on a reused instance through the whole host chain, with the mesh's root-namespace policy (the
+//! plugin's scope is `all`) and without it (the scope names destinations, and the connection's destination is in
+//! it: the host checks the scope, then calls the plugin).
 //! Run: `CARGO_TARGET_DIR=target-plugin cargo bench -p weft-plugin-host --bench istio_authz`; medians are in
 //! `target-plugin/criterion/istio_authz/*/new/estimates.json` and printed at the end.
 
@@ -43,6 +45,20 @@ fn bench(c: &mut Criterion) {
         g.bench_with_input(BenchmarkId::new("wasm", n), &n, |b, _| {
             b.iter(|| black_box(harness.authorize(black_box(&conn))))
         });
+
+        // Without the root-namespace policy the plugin's scope names destinations, and the connection is in it.
+        let scoped = Harness::policy(&wasm, r#"{"logDryRun": false}"#).expect("load");
+        let mesh: Vec<_> = mesh
+            .iter()
+            .filter(|p| p.scope != weft_state::PolicyScope::Global)
+            .cloned()
+            .collect();
+        let report = scoped.set_policies(&mesh);
+        assert!(report.rejected().is_empty(), "{report:?}");
+        assert!(scoped.authorize(&conn).is_allow());
+        g.bench_with_input(BenchmarkId::new("wasm_in_scope", n), &n, |b, _| {
+            b.iter(|| black_box(scoped.authorize(black_box(&conn))))
+        });
     }
     g.finish();
 }
@@ -66,10 +82,16 @@ fn summary() {
     if let Some(base) = median("wasm_no_policies", 0) {
         println!("istio_authz: host chain + component call with no policies, median {base:.1} ns");
     }
-    println!("istio_authz decision, median ns (policies: native / wasm):");
+    println!(
+        "istio_authz decision, median ns (policies: native / wasm, scope all / wasm, destination in a named scope):"
+    );
     for n in SIZES {
-        match (median("native", n), median("wasm", n)) {
-            (Some(a), Some(b)) => println!("  {n:>6}: {a:>8.1} / {b:>8.1}"),
+        match (
+            median("native", n),
+            median("wasm", n),
+            median("wasm_in_scope", n),
+        ) {
+            (Some(a), Some(b), Some(c)) => println!("  {n:>6}: {a:>8.1} / {b:>8.1} / {c:>8.1}"),
             _ => println!("  {n:>6}: (no estimate in {})", dir.display()),
         }
     }
