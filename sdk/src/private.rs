@@ -4,8 +4,9 @@ use std::cell::RefCell;
 use std::thread::LocalKey;
 
 use crate::bindings::weft::plugin::types::{
-    BatchEvent, Connection, ConnectionScope, Decision, Event, EventConnection, StateKinds,
-    StateUpdate, Workload, WorkloadMeta,
+    BatchClose, BatchConnection, BatchEvent, CloseInfo, Connection, ConnectionScope, Decision,
+    Direction, Event, EventConnection, IpAddress, SocketAddress, StateKinds, StateUpdate, Verdict,
+    Workload, WorkloadMeta,
 };
 use crate::{ConnectionInfo, Telemetry, TransportPolicy, Workloads};
 
@@ -94,26 +95,140 @@ pub fn telemetry_on_events<T: Telemetry>(
     });
 }
 
-/// `on-batch` of the telemetry world's `telemetry-batches` export: `on-events` with `opened-closed` events,
-/// handed to [`Telemetry::on_open_close`].
+/// `on-batch` of the telemetry world's `telemetry-batches` export: `on-events` with `opened-closed` events (handed
+/// to [`Telemetry::on_open_close`]) and strings named by position in `strings`. Each event is handed over as the
+/// same [`Connection`] and [`CloseInfo`] values, refilled in place: their string buffers are reused, so an event
+/// costs no allocation.
 pub fn telemetry_on_batch<T: Telemetry>(
     slot: &'static Slot<T>,
     workloads: Vec<WorkloadMeta>,
+    strings: Vec<String>,
     events: Vec<BatchEvent>,
 ) {
-    let info = |c| resolve(c, &workloads);
+    let mut scratch = Scratch::default();
     slot.with(|s| {
         if let Some(plugin) = s.borrow_mut().as_mut() {
             for event in &events {
                 match event {
-                    BatchEvent::Opened(c) => plugin.on_open(&info(c)),
-                    BatchEvent::Closed((c, close)) => plugin.on_close(&info(c), close),
-                    BatchEvent::OpenedClosed((c, close)) => plugin.on_open_close(&info(c), close),
+                    BatchEvent::Opened(c) => {
+                        let conn = scratch.connection(c, &strings);
+                        plugin.on_open(&info(conn, c, &workloads));
+                    }
+                    BatchEvent::Closed((c, x)) => {
+                        let (conn, close) = scratch.both(c, x, &strings);
+                        plugin.on_close(&info(conn, c, &workloads), close);
+                    }
+                    BatchEvent::OpenedClosed((c, x)) => {
+                        let (conn, close) = scratch.both(c, x, &strings);
+                        plugin.on_open_close(&info(conn, c, &workloads), close);
+                    }
                 }
             }
             plugin.on_batch_end();
         }
     });
+}
+
+/// The connection and close values a batch's events are refilled into.
+struct Scratch {
+    conn: Connection,
+    close: CloseInfo,
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        let nowhere = SocketAddress {
+            address: IpAddress::Ipv4(0),
+            port: 0,
+        };
+        Scratch {
+            conn: Connection {
+                id: 0,
+                direction: Direction::Inbound,
+                source: nowhere,
+                destination: nowhere,
+                peer_identity: None,
+                destination_service: None,
+                hbone: false,
+            },
+            close: CloseInfo {
+                bytes_sent: 0,
+                bytes_received: 0,
+                duration_ns: 0,
+                verdict: Verdict::Allow,
+                error: None,
+                response_flags: String::new(),
+            },
+        }
+    }
+}
+
+/// The string at position `at` of a batch (none past its end: the host never sends such a position).
+fn text(strings: &[String], at: Option<u32>) -> Option<&str> {
+    at.and_then(|i| strings.get(usize::try_from(i).ok()?))
+        .map(String::as_str)
+}
+
+/// Sets `slot` to `value`, reusing its buffer.
+fn refill(slot: &mut Option<String>, value: Option<&str>) {
+    match (slot.as_mut(), value) {
+        (Some(buf), Some(v)) => {
+            buf.clear();
+            buf.push_str(v);
+        }
+        (None, Some(v)) => *slot = Some(v.to_owned()),
+        (_, None) => *slot = None,
+    }
+}
+
+impl Scratch {
+    fn connection(&mut self, c: &BatchConnection, strings: &[String]) -> &Connection {
+        let conn = &mut self.conn;
+        conn.id = c.id;
+        conn.direction = c.direction;
+        conn.source = c.source;
+        conn.destination = c.destination;
+        conn.hbone = c.hbone;
+        refill(&mut conn.peer_identity, text(strings, c.peer_identity));
+        refill(
+            &mut conn.destination_service,
+            text(strings, c.destination_service),
+        );
+        &self.conn
+    }
+
+    fn both(
+        &mut self,
+        c: &BatchConnection,
+        x: &BatchClose,
+        strings: &[String],
+    ) -> (&Connection, &CloseInfo) {
+        self.connection(c, strings);
+        let close = &mut self.close;
+        close.bytes_sent = x.bytes_sent;
+        close.bytes_received = x.bytes_received;
+        close.duration_ns = x.duration_ns;
+        close.verdict.clone_from(&x.verdict);
+        refill(&mut close.error, text(strings, x.error));
+        close.response_flags.clear();
+        close
+            .response_flags
+            .push_str(text(strings, Some(x.response_flags)).unwrap_or_default());
+        (&self.conn, &self.close)
+    }
+}
+
+fn info<'a>(
+    conn: &'a Connection,
+    c: &BatchConnection,
+    workloads: &'a [WorkloadMeta],
+) -> ConnectionInfo<'a> {
+    let at = |i: Option<u32>| i.and_then(|i| workloads.get(usize::try_from(i).ok()?));
+    ConnectionInfo {
+        conn,
+        source_workload: at(c.source_workload),
+        destination_workload: at(c.destination_workload),
+    }
 }
 
 fn resolve<'a>(c: &'a EventConnection, workloads: &'a [WorkloadMeta]) -> ConnectionInfo<'a> {

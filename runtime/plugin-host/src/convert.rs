@@ -1,8 +1,6 @@
 //! Conversions from the data path's and the state's types into the WIT types plugins see.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 
 use ipnet::IpNet;
 use weft_hooks::{CloseRecord, ConnectionRecord, Direction, Verdict, WorkloadMeta};
@@ -31,10 +29,7 @@ fn socket(sa: SocketAddr) -> wit::SocketAddress {
 pub(crate) fn connection(c: &ConnectionRecord) -> wit::Connection {
     wit::Connection {
         id: c.id,
-        direction: match c.direction {
-            Direction::Inbound => wit::Direction::Inbound,
-            Direction::Outbound => wit::Direction::Outbound,
-        },
+        direction: direction(c.direction),
         source: socket(c.src),
         destination: socket(c.dst),
         peer_identity: c.peer_identity.as_deref().map(str::to_owned),
@@ -62,190 +57,50 @@ pub(crate) fn workload_meta(w: &WorkloadMeta) -> wit::WorkloadMeta {
     }
 }
 
-/// A batch of telemetry events in their WIT form, with the records they came from. Each workload's metadata is
-/// converted (and later lowered into every plugin) once per batch, however many of the batch's events name it;
-/// events refer to it by its index in `workloads`. Workloads are told apart by their `Arc`: the batch holds every
-/// record it converted, so no address is freed and reused while the index is alive.
-///
-/// In merging mode (every serving plugin takes `telemetry-batches`), a connection whose open and close both fall
-/// in the batch becomes one `opened-closed` event at the place of its close; its open's slot is dropped by
-/// [`EventBatch::seal`]. Otherwise every open and close is its own event, in order.
-pub(crate) struct EventBatch {
-    /// The record of each event (for plugins with a workload selector), in step with `events`.
-    pub records: Vec<Arc<ConnectionRecord>>,
-    pub workloads: Vec<wit::WorkloadMeta>,
-    pub events: Vec<wit::BatchEvent>,
-    index: HashMap<*const WorkloadMeta, u32>,
-    merge: bool,
-    /// Opens of this batch not closed yet (merging mode): connection id → slot.
-    open: HashMap<u64, usize>,
-    /// Slots of opens merged into a later `opened-closed`, dropped by [`EventBatch::seal`].
-    merged: Vec<usize>,
-}
-
-impl EventBatch {
-    pub fn with_capacity(n: usize) -> Self {
-        Self {
-            records: Vec::with_capacity(n),
-            workloads: Vec::new(),
-            events: Vec::with_capacity(n),
-            index: HashMap::new(),
-            merge: false,
-            open: HashMap::new(),
-            merged: Vec::new(),
-        }
-    }
-
-    /// Whether the next events merge opens and closes (set on an empty batch).
-    pub fn set_merging(&mut self, merge: bool) {
-        debug_assert!(self.events.is_empty());
-        self.merge = merge;
-    }
-
-    pub fn opened(&mut self, c: Arc<ConnectionRecord>) {
-        let conn = self.connection(&c);
-        if self.merge {
-            self.open.insert(c.id, self.events.len());
-        }
-        self.events.push(wit::BatchEvent::Opened(conn));
-        self.records.push(c);
-    }
-
-    pub fn closed(&mut self, c: Arc<ConnectionRecord>, close: &CloseRecord) {
-        let info = close_info(close);
-        let event = match self.open.remove(&c.id) {
-            Some(at) => {
-                self.merged.push(at);
-                // The open's converted connection moves over; its slot keeps a placeholder until `seal`.
-                match std::mem::replace(&mut self.events[at], placeholder()) {
-                    wit::BatchEvent::Opened(conn) => wit::BatchEvent::OpenedClosed((conn, info)),
-                    other => {
-                        // Never: `open` only names slots holding an open. Put it back and report the close alone.
-                        self.events[at] = other;
-                        self.merged.pop();
-                        wit::BatchEvent::Closed((self.connection(&c), info))
-                    }
-                }
-            }
-            None => wit::BatchEvent::Closed((self.connection(&c), info)),
-        };
-        self.events.push(event);
-        self.records.push(c);
-    }
-
-    /// Drops the slots of merged opens; call before delivering.
-    pub fn seal(&mut self) {
-        if self.merged.is_empty() {
-            return;
-        }
-        let mut dead = vec![false; self.events.len()];
-        for &at in &self.merged {
-            dead[at] = true;
-        }
-        let mut i = 0;
-        self.events.retain(|_| {
-            i += 1;
-            !dead[i - 1]
-        });
-        let mut i = 0;
-        self.records.retain(|_| {
-            i += 1;
-            !dead[i - 1]
-        });
-        self.merged.clear();
-    }
-
-    /// Events taken into the batch so far (a merged open counts until `seal`: the batch bound counts what the
-    /// worker took).
-    pub fn len(&self) -> usize {
-        self.events.len()
-    }
-
-    pub fn clear(&mut self) {
-        self.index.clear();
-        self.events.clear();
-        self.workloads.clear();
-        self.records.clear();
-        self.open.clear();
-        self.merged.clear();
-    }
-
-    fn connection(&mut self, c: &ConnectionRecord) -> wit::EventConnection {
-        wit::EventConnection {
-            conn: connection(c),
-            source_workload: c.src_workload.as_ref().map(|w| self.workload(w)),
-            destination_workload: c.dst_workload.as_ref().map(|w| self.workload(w)),
-        }
-    }
-
-    fn workload(&mut self, w: &Arc<WorkloadMeta>) -> u32 {
-        let next = u32::try_from(self.workloads.len()).unwrap_or(u32::MAX);
-        *self.index.entry(Arc::as_ptr(w)).or_insert_with(|| {
-            self.workloads.push(workload_meta(w));
-            next
-        })
-    }
-}
-
-/// A connection as a telemetry event names it, with no batch to index its workloads in (tests).
-#[cfg(test)]
-pub(crate) fn connection_event(c: &ConnectionRecord) -> wit::EventConnection {
-    wit::EventConnection {
-        conn: connection(c),
+/// A connection's fields for a `telemetry-batches` event, without its strings and workloads (the batch fills those
+/// in as positions).
+pub(crate) fn batch_connection(c: &ConnectionRecord) -> wit::BatchConnection {
+    wit::BatchConnection {
+        id: c.id,
+        direction: direction(c.direction),
+        source: socket(c.src),
+        destination: socket(c.dst),
+        peer_identity: None,
+        destination_service: None,
+        hbone: c.hbone,
         source_workload: None,
         destination_workload: None,
     }
 }
 
-/// What a merged open's slot holds until [`EventBatch::seal`] drops it (nothing allocated).
-fn placeholder() -> wit::BatchEvent {
-    let nowhere = wit::SocketAddress {
-        address: wit::IpAddress::Ipv4(0),
-        port: 0,
-    };
-    wit::BatchEvent::Opened(wit::EventConnection {
-        conn: wit::Connection {
-            id: 0,
-            direction: wit::Direction::Inbound,
-            source: nowhere,
-            destination: nowhere,
-            peer_identity: None,
-            destination_service: None,
-            hbone: false,
-        },
-        source_workload: None,
-        destination_workload: None,
-    })
-}
-
-/// A batch as `telemetry.on-events` takes it (plugins without `telemetry-batches`): an `opened-closed` becomes its
-/// open and its close.
-pub(crate) fn plain_events(events: &[wit::BatchEvent]) -> Vec<wit::Event> {
-    let mut out = Vec::with_capacity(events.len());
-    for e in events {
-        match e {
-            wit::BatchEvent::Opened(c) => out.push(wit::Event::Opened(c.clone())),
-            wit::BatchEvent::Closed(x) => out.push(wit::Event::Closed(x.clone())),
-            wit::BatchEvent::OpenedClosed((c, close)) => {
-                out.push(wit::Event::Opened(c.clone()));
-                out.push(wit::Event::Closed((c.clone(), close.clone())));
-            }
-        }
-    }
-    out
-}
-
-pub(crate) fn close_info(close: &CloseRecord) -> wit::CloseInfo {
-    wit::CloseInfo {
+/// How a connection ended, for a `telemetry-batches` event, without its strings (the batch fills those in as
+/// positions).
+pub(crate) fn batch_close(close: &CloseRecord) -> wit::BatchClose {
+    wit::BatchClose {
         bytes_sent: close.bytes_sent,
         bytes_received: close.bytes_received,
-        duration_ns: close.duration.as_nanos().min(u128::from(u64::MAX)) as u64,
-        verdict: match &close.verdict {
-            Verdict::Allow => wit::Verdict::Allow,
-            Verdict::Deny { by, reason } => wit::Verdict::Deny((by.clone(), reason.clone())),
-        },
-        error: close.error.clone(),
-        response_flags: close.response_flags.to_string(),
+        duration_ns: duration_ns(close),
+        verdict: verdict(&close.verdict),
+        error: None,
+        response_flags: 0,
+    }
+}
+
+fn duration_ns(close: &CloseRecord) -> u64 {
+    close.duration.as_nanos().min(u128::from(u64::MAX)) as u64
+}
+
+fn verdict(v: &Verdict) -> wit::Verdict {
+    match v {
+        Verdict::Allow => wit::Verdict::Allow,
+        Verdict::Deny { by, reason } => wit::Verdict::Deny((by.clone(), reason.clone())),
+    }
+}
+
+fn direction(d: Direction) -> wit::Direction {
+    match d {
+        Direction::Inbound => wit::Direction::Inbound,
+        Direction::Outbound => wit::Direction::Outbound,
     }
 }
 

@@ -427,11 +427,7 @@ impl Instance {
     /// Hands a batch to a telemetry plugin: through `telemetry-batches.on-batch` when it exports it, else through
     /// `telemetry.on-events` (the caller merges opens and closes only when every plugin takes batches; an
     /// `opened-closed` found anyway is handed over as its open and its close).
-    pub fn on_batch(
-        &mut self,
-        workloads: &[wit::WorkloadMeta],
-        events: &[wit::BatchEvent],
-    ) -> Result<(), CallError> {
+    pub fn on_batch(&mut self, batch: &crate::batch::Batch<'_>) -> Result<(), CallError> {
         let Exports::Telemetry(t, batches) = &self.exports else {
             return Ok(());
         };
@@ -442,19 +438,23 @@ impl Instance {
                 &limits.clock,
                 limits.call_deadline,
                 |store| {
-                    b.weft_plugin_telemetry_batches()
-                        .call_on_batch(store, workloads, events)
+                    b.weft_plugin_telemetry_batches().call_on_batch(
+                        store,
+                        batch.workloads,
+                        batch.strings,
+                        batch.events,
+                    )
                 },
             ),
             None => {
-                let plain = crate::convert::plain_events(events);
+                let plain = crate::batch::plain_events(batch);
                 timed(
                     &mut self.store,
                     &limits.clock,
                     limits.call_deadline,
                     |store| {
                         t.weft_plugin_telemetry()
-                            .call_on_events(store, workloads, &plain)
+                            .call_on_events(store, batch.workloads, &plain)
                     },
                 )
             }

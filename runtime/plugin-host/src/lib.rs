@@ -22,6 +22,7 @@
 //! arrives. [`PluginHost::wait_applied`] tells a config source what became of the state version it produced.
 
 mod apply;
+mod batch;
 pub mod bindings;
 mod budget;
 mod chain;

@@ -7,6 +7,7 @@ use std::time::{Instant, SystemTime};
 use weft_hooks::{ConnectionRecord, Verdict};
 use weft_state::{FailurePolicy, PluginKind, PluginSource, PluginSpec};
 
+use crate::batch::Batch;
 use crate::bindings::types as wit;
 use crate::error::{CallError, ErrorKind, LoadError};
 use crate::instance::{Instance, Limits, Pre};
@@ -315,17 +316,17 @@ impl PluginVersion {
     }
 
     /// Hands a batch to a telemetry plugin; a failure drops the batch (counted).
-    pub fn on_batch(&self, workloads: &[wit::WorkloadMeta], events: &[wit::BatchEvent]) {
+    pub fn on_batch(&self, batch: &Batch<'_>) {
         let started = Instant::now();
         let c = &self.ctx.counters;
         c.calls.inc();
-        let result = self.with_instance(|inst| inst.on_batch(workloads, events));
+        let result = self.with_instance(|inst| inst.on_batch(batch));
         c.latency.observe(started.elapsed().as_secs_f64());
         self.record(&result);
         if let Err(e) = result {
             c.error(e.kind).inc();
             if self.warn_limiter_allows() {
-                tracing::warn!(plugin = %self.spec.name, events = events.len(), error = %e,
+                tracing::warn!(plugin = %self.spec.name, events = batch.events.len(), error = %e,
                     "telemetry plugin call failed; batch dropped");
             }
         }

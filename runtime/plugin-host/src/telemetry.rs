@@ -15,9 +15,9 @@ use arc_swap::ArcSwap;
 use prometheus_client::metrics::counter::Counter;
 use weft_hooks::{CloseRecord, ConnectionRecord};
 
+use crate::batch::{Batch, EventBatch};
 use crate::bindings::types as wit;
 use crate::chain::Chain;
-use crate::convert::EventBatch;
 
 pub(crate) enum Msg {
     /// The data path's own record, shared: queueing an event copies no field of it.
@@ -250,9 +250,9 @@ fn deliver(chain: &Chain, batch: &EventBatch) {
     for plugin in &chain.telemetry {
         let sel = &plugin.spec.selector;
         if sel.namespaces.is_empty() && sel.workloads.is_empty() {
-            plugin.on_batch(&batch.workloads, &batch.events);
+            plugin.on_batch(&batch.view());
         } else {
-            // The batch's workloads go along whole: the picked events' indices stay valid.
+            // The batch's workloads and strings go along whole: the picked events' positions stay valid.
             let picked: Vec<wit::BatchEvent> = batch
                 .records
                 .iter()
@@ -261,7 +261,10 @@ fn deliver(chain: &Chain, batch: &EventBatch) {
                 .map(|(_, e)| e.clone())
                 .collect();
             if !picked.is_empty() {
-                plugin.on_batch(&batch.workloads, &picked);
+                plugin.on_batch(&Batch {
+                    events: &picked,
+                    ..batch.view()
+                });
             }
         }
     }
@@ -325,11 +328,11 @@ mod tests {
                     assert_eq!(batch.records.len(), batch.events.len());
                     for (r, e) in batch.records.iter().zip(&batch.events) {
                         let (kind, id) = match e {
-                            E::Opened(c) => ("opened", c.conn.id),
-                            E::Closed((c, _)) => ("closed", c.conn.id),
+                            E::Opened(c) => ("opened", c.id),
+                            E::Closed((c, _)) => ("closed", c.id),
                             E::OpenedClosed((c, info)) => {
                                 assert_eq!((info.bytes_sent, info.bytes_received), (1, 2));
-                                ("opened-closed", c.conn.id)
+                                ("opened-closed", c.id)
                             }
                         };
                         assert_eq!(r.id, id);
@@ -360,14 +363,18 @@ mod tests {
                 ("closed", 2)
             ]
         );
-        // What a plugin without `telemetry-batches` gets from a merged batch: the open, then the close.
-        let plain = crate::convert::plain_events(&[E::OpenedClosed((
-            crate::convert::connection_event(&with_id(7)),
-            crate::convert::close_info(&close),
-        ))]);
+        // What a plugin without `telemetry-batches` gets from a merged batch: the open, then the close, strings
+        // resolved.
+        let mut batch = EventBatch::with_capacity(2);
+        batch.set_merging(true);
+        batch.opened(with_id(7));
+        batch.closed(with_id(7), &close);
+        batch.seal();
+        let plain = crate::batch::plain_events(&batch.view());
         assert!(matches!(
             &plain[..],
-            [wit::Event::Opened(a), wit::Event::Closed((b, _))] if a.conn.id == 7 && b.conn.id == 7
+            [wit::Event::Opened(a), wit::Event::Closed((b, info))]
+                if a.conn.id == 7 && b.conn.id == 7 && info.response_flags == "-"
         ));
     }
 
@@ -413,7 +420,7 @@ mod tests {
                 matches!(&batch.events[..], [wit::BatchEvent::OpenedClosed(_)]),
                 "{dir}"
             );
-            version.on_batch(&batch.workloads, &batch.events);
+            version.on_batch(&batch.view());
             let text = h.metrics_text();
             let value = |name: &str| {
                 text.lines()
