@@ -168,6 +168,22 @@ pub struct ConnectionInfo<'a> {
     pub source_workload: Option<&'a WorkloadMeta>,
     /// The destination workload.
     pub destination_workload: Option<&'a WorkloadMeta>,
+    /// Where the connection's strings sit in the batch being delivered (see [`BatchStrings`]).
+    pub batch_strings: BatchStrings,
+}
+
+/// The positions of a connection's peer identity and destination service in the strings of the batch being
+/// delivered, when the host sent the batch with its strings listed once (`telemetry-batches`). Within one batch,
+/// equal positions name equal strings, so a plugin that derives something from a string (an interned id, a label)
+/// can remember it by position until [`Telemetry::on_batch_end`] instead of hashing the string on every event.
+/// Positions mean nothing past the batch's end. A position is none when the string is absent *or* the batch did
+/// not come with positions: read the string itself from [`ConnectionInfo::conn`] then.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchStrings {
+    /// Position of `conn.peer_identity`.
+    pub peer_identity: Option<u32>,
+    /// Position of `conn.destination_service`.
+    pub destination_service: Option<u32>,
 }
 
 /// A telemetry plugin. Calls come off the connections' path, in batches, in order.

@@ -8,7 +8,7 @@ use crate::bindings::weft::plugin::types::{
     Direction, Event, EventConnection, IpAddress, SocketAddress, StateKinds, StateUpdate, Verdict,
     Workload, WorkloadMeta,
 };
-use crate::{ConnectionInfo, Telemetry, TransportPolicy, Workloads};
+use crate::{BatchStrings, ConnectionInfo, Telemetry, TransportPolicy, Workloads};
 
 pub use wit_bindgen;
 
@@ -112,15 +112,15 @@ pub fn telemetry_on_batch<T: Telemetry>(
                 match event {
                     BatchEvent::Opened(c) => {
                         let conn = scratch.connection(c, &strings);
-                        plugin.on_open(&info(conn, c, &workloads));
+                        plugin.on_open(&info(conn, c, &workloads, &strings));
                     }
                     BatchEvent::Closed((c, x)) => {
                         let (conn, close) = scratch.both(c, x, &strings);
-                        plugin.on_close(&info(conn, c, &workloads), close);
+                        plugin.on_close(&info(conn, c, &workloads, &strings), close);
                     }
                     BatchEvent::OpenedClosed((c, x)) => {
                         let (conn, close) = scratch.both(c, x, &strings);
-                        plugin.on_open_close(&info(conn, c, &workloads), close);
+                        plugin.on_open_close(&info(conn, c, &workloads, &strings), close);
                     }
                 }
             }
@@ -222,12 +222,19 @@ fn info<'a>(
     conn: &'a Connection,
     c: &BatchConnection,
     workloads: &'a [WorkloadMeta],
+    strings: &[String],
 ) -> ConnectionInfo<'a> {
     let at = |i: Option<u32>| i.and_then(|i| workloads.get(usize::try_from(i).ok()?));
+    // A position past the strings resolved to none: it names nothing.
+    let named = |i: Option<u32>| i.filter(|&i| usize::try_from(i).is_ok_and(|i| i < strings.len()));
     ConnectionInfo {
         conn,
         source_workload: at(c.source_workload),
         destination_workload: at(c.destination_workload),
+        batch_strings: BatchStrings {
+            peer_identity: named(c.peer_identity),
+            destination_service: named(c.destination_service),
+        },
     }
 }
 
@@ -237,5 +244,6 @@ fn resolve<'a>(c: &'a EventConnection, workloads: &'a [WorkloadMeta]) -> Connect
         conn: &c.conn,
         source_workload: at(c.source_workload),
         destination_workload: at(c.destination_workload),
+        batch_strings: BatchStrings::default(),
     }
 }

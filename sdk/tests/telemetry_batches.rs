@@ -1,6 +1,7 @@
 //! The SDK's side of `telemetry-batches`: each event's strings, named by position in the batch's `strings`, reach
-//! the plugin as the values they name (none for an absent one, even right after an event that had one), and each
-//! kind of event reaches the right `Telemetry` method with its workloads.
+//! the plugin as the values they name (none for an absent one, even right after an event that had one) with their
+//! positions (none for a position past the strings), and each kind of event reaches the right `Telemetry` method
+//! with its workloads.
 #![allow(clippy::unwrap_used)] // test code: a panic fails the test
 
 use std::cell::RefCell;
@@ -18,10 +19,12 @@ struct Recorder(Vec<String>);
 impl Recorder {
     fn note(&mut self, kind: &str, c: &ConnectionInfo<'_>, close: Option<&CloseInfo>) {
         self.0.push(format!(
-            "{kind} {} peer={:?} svc={:?} dst={:?} close={:?}",
+            "{kind} {} peer={:?}@{:?} svc={:?}@{:?} dst={:?} close={:?}",
             c.conn.id,
             c.conn.peer_identity,
+            c.batch_strings.peer_identity,
             c.conn.destination_service,
+            c.batch_strings.destination_service,
             c.destination_workload.map(|w| w.name.as_str()),
             close.map(|x| (x.bytes_sent, x.response_flags.as_str(), x.error.as_deref())),
         ));
@@ -116,10 +119,10 @@ fn strings_and_workloads_are_resolved_per_event() {
     assert_eq!(
         seen,
         [
-            r#"open 1 peer=Some("alice") svc=Some("shop/cart") dst=Some("server") close=None"#,
-            r#"open-close 2 peer=None svc=None dst=None close=Some((5, "-", None))"#,
-            r#"close 1 peer=Some("alice") svc=Some("shop/cart") dst=Some("server") close=Some((7, "CONNECT", Some("refused")))"#,
-            r#"open 3 peer=None svc=None dst=None close=None"#,
+            r#"open 1 peer=Some("alice")@Some(0) svc=Some("shop/cart")@Some(1) dst=Some("server") close=None"#,
+            r#"open-close 2 peer=None@None svc=None@None dst=None close=Some((5, "-", None))"#,
+            r#"close 1 peer=Some("alice")@Some(0) svc=Some("shop/cart")@Some(1) dst=Some("server") close=Some((7, "CONNECT", Some("refused")))"#,
+            r#"open 3 peer=None@None svc=None@None dst=None close=None"#,
         ]
     );
 }

@@ -530,8 +530,9 @@ impl Telemetry for IstioTelemetry {
     }
 
     fn on_batch_end(&mut self) {
-        // The batch's workloads go away with it: their addresses may be reused by the next one.
-        self.open_cache.batch.clear();
+        // The batch's workloads go away with it (their addresses may be reused by the next one), and its strings'
+        // positions name other strings in the next.
+        self.open_cache.end_batch();
         self.flush();
     }
 
