@@ -224,13 +224,12 @@ fn info<'a>(
     workloads: &'a [WorkloadMeta],
     strings: &[String],
 ) -> ConnectionInfo<'a> {
-    let at = |i: Option<u32>| i.and_then(|i| workloads.get(usize::try_from(i).ok()?));
     // A position past the strings resolved to none: it names nothing.
     let named = |i: Option<u32>| i.filter(|&i| usize::try_from(i).is_ok_and(|i| i < strings.len()));
     ConnectionInfo {
         conn,
-        source_workload: at(c.source_workload),
-        destination_workload: at(c.destination_workload),
+        source_workload: workload_at(workloads, c.source_workload),
+        destination_workload: workload_at(workloads, c.destination_workload),
         batch_strings: BatchStrings {
             peer_identity: named(c.peer_identity),
             destination_service: named(c.destination_service),
@@ -239,11 +238,15 @@ fn info<'a>(
 }
 
 fn resolve<'a>(c: &'a EventConnection, workloads: &'a [WorkloadMeta]) -> ConnectionInfo<'a> {
-    let at = |i: Option<u32>| i.and_then(|i| workloads.get(usize::try_from(i).ok()?));
     ConnectionInfo {
         conn: &c.conn,
-        source_workload: at(c.source_workload),
-        destination_workload: at(c.destination_workload),
+        source_workload: workload_at(workloads, c.source_workload),
+        destination_workload: workload_at(workloads, c.destination_workload),
         batch_strings: BatchStrings::default(),
     }
+}
+
+/// The workload at position `at` of a batch (none past its end: the host never sends such a position).
+fn workload_at(workloads: &[WorkloadMeta], at: Option<u32>) -> Option<&WorkloadMeta> {
+    at.and_then(|i| workloads.get(usize::try_from(i).ok()?))
 }

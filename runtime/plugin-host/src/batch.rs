@@ -10,9 +10,6 @@ use weft_hooks::{CloseRecord, ConnectionRecord, WorkloadMeta};
 use crate::bindings::types as wit;
 use crate::convert::{batch_close, batch_connection, workload_meta};
 
-/// How many kept strings [`EventBatch`] finds by address.
-const BY_ADDRESS: usize = 16;
-
 /// What a telemetry plugin is handed: a batch's workloads, strings and events, borrowed.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Batch<'a> {
@@ -38,10 +35,6 @@ pub(crate) struct EventBatch {
     pub events: Vec<wit::BatchEvent>,
     index: HashMap<*const WorkloadMeta, u32>,
     string_index: HashMap<String, u32>,
-    /// Up to [`BY_ADDRESS`] strings the batch keeps alive (in its records, or static) by address and length,
-    /// scanned before any hashing: a workload's connections share its identity's allocation, and response flags
-    /// are static.
-    by_address: Vec<(usize, usize, u32)>,
     merge: bool,
     /// Opens of this batch not closed yet (merging mode): connection id → slot.
     open: HashMap<u64, usize>,
@@ -58,7 +51,6 @@ impl EventBatch {
             events: Vec::with_capacity(n),
             index: HashMap::new(),
             string_index: HashMap::new(),
-            by_address: Vec::with_capacity(BY_ADDRESS),
             merge: false,
             open: HashMap::new(),
             merged: Vec::new(),
@@ -142,7 +134,6 @@ impl EventBatch {
     pub fn clear(&mut self) {
         self.index.clear();
         self.string_index.clear();
-        self.by_address.clear();
         self.events.clear();
         self.workloads.clear();
         self.strings.clear();
@@ -154,9 +145,8 @@ impl EventBatch {
     fn connection(&mut self, c: &ConnectionRecord) -> wit::BatchConnection {
         let conn = batch_connection(c);
         wit::BatchConnection {
-            // Both live in `c`, which the batch keeps until it is cleared.
-            peer_identity: c.peer_identity.as_deref().map(|s| self.kept_string(s)),
-            destination_service: c.dst_service.as_deref().map(|s| self.kept_string(s)),
+            peer_identity: c.peer_identity.as_deref().map(|s| self.string(s)),
+            destination_service: c.dst_service.as_deref().map(|s| self.string(s)),
             source_workload: c.src_workload.as_ref().map(|w| self.workload(w)),
             destination_workload: c.dst_workload.as_ref().map(|w| self.workload(w)),
             ..conn
@@ -167,7 +157,7 @@ impl EventBatch {
         let info = batch_close(close);
         wit::BatchClose {
             error: close.error.as_deref().map(|e| self.string(e)),
-            response_flags: self.kept_string(close.response_flags),
+            response_flags: self.string(close.response_flags),
             ..info
         }
     }
@@ -178,24 +168,6 @@ impl EventBatch {
             self.workloads.push(workload_meta(w));
             next
         })
-    }
-
-    /// [`string`](Self::string) for a string whose memory stays allocated, unchanged, until the batch is cleared:
-    /// one the batch's records hold, or a static one. Its address then names its content for the batch's life.
-    fn kept_string(&mut self, s: &str) -> u32 {
-        let (addr, len) = (s.as_ptr() as usize, s.len());
-        if let Some(&(_, _, at)) = self
-            .by_address
-            .iter()
-            .find(|&&(a, l, _)| a == addr && l == len)
-        {
-            return at;
-        }
-        let at = self.string(s);
-        if self.by_address.len() < BY_ADDRESS {
-            self.by_address.push((addr, len, at));
-        }
-        at
     }
 
     /// `s`'s position in `strings`, added on first use.
