@@ -527,14 +527,29 @@ async fn accept_loop<F, Fut>(
                     Placement::Home { shards, home } => (Some(shards), shards.place(*home)),
                 };
                 let counted = shards.map(|s| s.count(shard));
-                let conn =
-                    tracked.serve_holding(handler(inner, stream, peer), (permit, open, counted));
-                let conn = tracing::Instrument::instrument(conn, span);
-                drop(match shards {
-                    // A connection kept on the loop's own shard is spawned there without waking another thread.
-                    Some(s) if shard != shards::current() => s.spawn_on(shard, conn),
-                    _ => tokio::spawn(conn),
-                });
+                let hold = (permit, open, counted);
+                match shards {
+                    // Another shard runs it: the socket leaves this shard's reactor for that shard's, so its
+                    // readiness wakes the thread that serves it.
+                    Some(s) if shard != shards::current() => {
+                        let adopted = shards::adopt(stream, move |stream| {
+                            tracked.serve_holding(handler(inner, stream, peer), hold)
+                        });
+                        match adopted {
+                            Ok(conn) => {
+                                drop(s.spawn_on(shard, tracing::Instrument::instrument(conn, span)))
+                            }
+                            Err(e) => {
+                                tracing::warn!(listener = what, %peer, error = %e, "cannot hand a connection to its shard: closing it");
+                            }
+                        }
+                    }
+                    // Kept on the loop's own shard (or runtime): spawned here without waking another thread.
+                    _ => {
+                        let conn = tracked.serve_holding(handler(inner, stream, peer), hold);
+                        drop(tokio::spawn(tracing::Instrument::instrument(conn, span)));
+                    }
+                }
             }
             Err(e) => {
                 // EMFILE and friends: back off briefly instead of spinning.

@@ -16,12 +16,21 @@
 //! connection's first byte about a fifth more in the mesh bench. Under load the connections spread by count.
 //! An inbound HBONE listener's connections, few and long-lived (one per peer node and shard), are dealt to the
 //! shards in turn so they spread evenly.
+//!
+//! A socket's readiness comes from the reactor of the runtime it was registered with, so a connection accepted on
+//! one shard and run on another must be handed over with its socket deregistered ([`adopt`]): otherwise every
+//! readiness event of that socket would be seen by the accepting shard's reactor and passed across threads (a
+//! wake-up of the running shard per event, and none at all while the accepting shard is busy).
 
 use std::cell::Cell;
 use std::future::Future;
+use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 
+use tokio::net::TcpStream;
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 
@@ -140,6 +149,64 @@ impl Shards {
     }
 }
 
+/// Hands an accepted socket to the shard that will run its connection: `make` builds the connection's future from
+/// the socket once the returned future first runs, re-registering the socket with the reactor of the runtime that
+/// polls it. Fails if the socket cannot leave the current reactor (it is then closed).
+pub fn adopt<M, F>(stream: TcpStream, make: M) -> io::Result<Adopt<M, F>>
+where
+    M: FnOnce(TcpStream) -> F,
+    F: Future<Output = ()>,
+{
+    Ok(Adopt::Start {
+        socket: Some(stream.into_std()?),
+        make: Some(make),
+    })
+}
+
+pin_project_lite::pin_project! {
+    /// A connection whose socket joins the reactor of the runtime that runs it ([`adopt`]). One state at a time:
+    /// the socket and the constructor until the first poll, then only the connection's future.
+    #[project = AdoptProj]
+    pub enum Adopt<M, F> {
+        /// Not polled yet.
+        Start { socket: Option<std::net::TcpStream>, make: Option<M> },
+        /// The connection.
+        Running { #[pin] conn: F },
+        /// Ended without running (the socket could not join this runtime's reactor).
+        Failed,
+    }
+}
+
+impl<M, F> Future for Adopt<M, F>
+where
+    M: FnOnce(TcpStream) -> F,
+    F: Future<Output = ()>,
+{
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let next = match self.as_mut().project() {
+            AdoptProj::Running { conn } => return conn.poll(cx),
+            AdoptProj::Failed => return Poll::Ready(()),
+            AdoptProj::Start { socket, make } => match (socket.take(), make.take()) {
+                (Some(socket), Some(make)) => match TcpStream::from_std(socket) {
+                    Ok(stream) => Adopt::Running { conn: make(stream) },
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot register an accepted connection with its shard: closing it");
+                        Adopt::Failed
+                    }
+                },
+                _ => Adopt::Failed,
+            },
+        };
+        self.set(next);
+        match self.project() {
+            AdoptProj::Running { conn } => conn.poll(cx),
+            _ => Poll::Ready(()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)] // test code: a panic fails the test
@@ -187,6 +254,70 @@ mod tests {
         held.clear();
         assert_eq!((0..3).map(|i| s.live(i)).sum::<usize>(), 0);
         assert_eq!(s.place(2), 2);
+    }
+
+    #[test]
+    fn an_adopted_socket_is_served_by_its_shard_while_the_accepting_one_stands_still() {
+        use std::io::{Read, Write};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        // The shard that runs the connection: a current-thread runtime driven by a thread of its own until told
+        // to stop.
+        let (handle_tx, handle_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let shard = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            handle_tx.send(rt.handle().clone()).unwrap();
+            let _ = rt.block_on(stop_rx);
+        });
+        let shard_handle = handle_rx.recv().unwrap();
+
+        // The accepting shard: this thread's runtime, which is not driven again once the connection is handed
+        // over (this thread then blocks in plain socket calls). A socket left registered with it would never be
+        // seen readable.
+        let accepting = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (accepted, mut client) = accepting.block_on(async {
+            let lis = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let client = std::net::TcpStream::connect(lis.local_addr().unwrap()).unwrap();
+            (lis.accept().await.unwrap().0, client)
+        });
+        let conn = adopt(accepted, |mut s: TcpStream| async move {
+            // Two exchanges. An accepted socket starts out assumed readable, so the first read needs no event;
+            // a read that finds nothing clears that before the echo goes back (the client sends its second message
+            // only once it has the echo), so the second read waits for the reactor's event.
+            for _ in 0..2 {
+                let mut buf = [0u8; 4];
+                s.read_exact(&mut buf).await.unwrap();
+                let nothing = s.try_read(&mut [0u8; 1]);
+                assert_eq!(nothing.unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+                s.write_all(&buf).await.unwrap();
+            }
+        })
+        .unwrap();
+        let served = shard_handle.spawn(conn);
+
+        // A bound on failure, not a wait: the echo comes back as soon as the shard sees the socket readable.
+        client
+            .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+            .unwrap();
+        for msg in [b"ping", b"pong"] {
+            client.write_all(msg).unwrap();
+            let mut echo = [0u8; 4];
+            client
+                .read_exact(&mut echo)
+                .expect("the shard running the connection must see its socket's readiness");
+            assert_eq!(&echo, msg);
+        }
+
+        stop_tx.send(()).unwrap();
+        shard.join().unwrap();
+        drop((served, accepting));
     }
 
     #[test]
