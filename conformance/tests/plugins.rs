@@ -524,3 +524,43 @@ fn plugins_compile_in_a_weft_child_process_and_land_in_the_compile_cache() {
     );
     assert!(!host.authorize(&conn(81, peer)).is_allow());
 }
+
+/// The plugin host's instance pool reserves its memories' address space up front (4 GiB a slot, so plugin code
+/// runs without bounds checks). Under an address-space limit too low for it, `weft run` stops at start with an
+/// error that names the limit, never later or silently.
+#[test]
+fn weft_run_under_an_address_space_limit_says_what_the_plugin_pool_needs() {
+    let weft = weft_devmesh::weft_binary().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca");
+    let init = std::process::Command::new(&weft)
+        .args(["ca", "init", "--out"])
+        .arg(&ca)
+        .output()
+        .unwrap();
+    assert!(init.status.success(), "{init:?}");
+    let mesh = dir.path().join("mesh.yaml");
+    std::fs::write(&mesh, "workloads: []\nservices: []\n").unwrap();
+    // `ulimit -v` (KiB): 8 GiB, far above what weft itself maps, far below the pool's reservation. A weft that
+    // started anyway (every listener off) is stopped by `timeout` and fails the test on its output.
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(
+            "ulimit -v 8388608 && exec timeout 60 \"$0\" run --node n1 --config \"$1\" --ca-dir \"$2\" --admin off \
+             --metrics off --readiness off --outbound off --inbound-plaintext off --hbone off --socks5 off",
+        )
+        .arg(&weft)
+        .arg(&mesh)
+        .arg(&ca)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "weft run started: {stderr}");
+    assert!(
+        stderr.contains("cannot create the wasm engine")
+            && stderr.contains("GiB of address space")
+            && stderr.contains("RLIMIT_AS"),
+        "{stderr}"
+    );
+}

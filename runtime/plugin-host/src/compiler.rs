@@ -69,11 +69,21 @@ pub struct SubprocessCompiler {
 /// plugins takes (the executable's own mappings included), far below a node's memory.
 pub const DEFAULT_COMPILE_ADDRESS_SPACE: u64 = 2 << 30;
 
+/// Address space reserved per linear memory: all a 32-bit index can reach, so loads and stores need no bounds check.
+const MEMORY_RESERVATION: u64 = 1 << 32;
+/// Inaccessible space after each reservation: covers the largest static offset a load or store adds to its index.
+const MEMORY_GUARD: u64 = 32 << 20;
+
+/// Address space one pooled linear memory takes: its reservation and the guard behind it.
+pub(crate) const fn memory_slot_bytes() -> u64 {
+    MEMORY_RESERVATION + MEMORY_GUARD
+}
+
 /// The engine settings that decide what compiled code looks like; the node's engine and a compiler child's are
 /// built from the same values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EngineSettings {
-    /// Linear memory cap per instance (also the memory reservation the code's bounds checks assume).
+    /// Linear memory cap per instance (enforced when a memory grows).
     pub memory_limit: usize,
     /// Wasm stack cap per call.
     pub max_wasm_stack: usize,
@@ -88,11 +98,13 @@ impl EngineSettings {
             .epoch_interruption(true)
             .wasm_component_model(true)
             .max_wasm_stack(self.max_wasm_stack)
-            // Reserve only what the cap allows (slots × reservation is the address space the pool takes); bounds
-            // checks stay cheap and a grow past the cap is refused by the limiter first.
-            .memory_reservation(self.memory_limit as u64)
+            // Every memory reserves the whole 32-bit index space and a guard behind it, so the compiled code has
+            // no bounds check on any load or store: an access past the pages an instance may use lands on an
+            // inaccessible page and traps. This is address space only (slots × 4 GiB for the pool, never
+            // resident); the cap (`memory_limit`) is enforced on growth by the pool and the limiter.
+            .memory_reservation(MEMORY_RESERVATION)
             .memory_reservation_for_growth(0)
-            .memory_guard_size(64 << 10);
+            .memory_guard_size(MEMORY_GUARD);
         config
     }
 

@@ -58,7 +58,14 @@ pub(crate) fn build_engine(cfg: &HostConfig) -> Result<Engine, String> {
         .max_memory_size(cfg.memory_limit);
     let mut config = cfg.engine_settings().config();
     config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-    Engine::new(&config).map_err(|e| format!("cannot create the wasm engine: {e:#}"))
+    Engine::new(&config).map_err(|e| {
+        format!(
+            "cannot create the wasm engine: {e:#} (the instance pool reserves about {} GiB of address space, \
+             never resident: {slots} memory slots of 4 GiB each, so plugin code needs no bounds checks; an \
+             address-space limit below that, such as `ulimit -v` or RLIMIT_AS, refuses it)",
+            crate::compiler::memory_slot_bytes().saturating_mul(u64::from(slots)) >> 30
+        )
+    })
 }
 
 /// Hex sha256 of some bytes.

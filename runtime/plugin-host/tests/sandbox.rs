@@ -194,6 +194,15 @@ fn trap_is_contained() {
     contained("trap", "trap");
 }
 
+/// Loads and stores outside the instance's memory trap: just past its end, and near the top of the 32-bit space
+/// (inside the engine's reservation, which the compiled code relies on in place of bounds checks).
+#[test]
+fn memory_outside_the_instance_traps() {
+    for mode in ["read-past-end", "read-far", "write-past-end"] {
+        contained(mode, "trap");
+    }
+}
+
 #[test]
 fn panic_is_a_trap() {
     contained("panic", "trap");

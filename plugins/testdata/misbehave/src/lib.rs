@@ -23,6 +23,10 @@
 //! refused, else it denies; then adds 1 + 2 through a handle and 5 through a handle it never got),
 //! `series-flood` (registers a new series per call; denies with the host's refusal once there is one).
 //!
+//! Memory past the instance's own (port 666): `read-past-end` reads the first byte after the linear memory's
+//! current end, `read-far` a byte near the top of the 32-bit address space, `write-past-end` writes the first byte
+//! after the end; each must trap, however the engine enforces the bounds (explicit checks or guard pages).
+//!
 //! `authorize-scope` (the optional export): `scope-trap` traps, `scope-loop` never returns, `scope-nothing`
 //! declares it needs to see no connection at all (while still denying port 666 if asked).
 
@@ -157,6 +161,7 @@ impl TransportPolicy for Misbehave {
                 std::hint::black_box(&self.sink);
             },
             "trap" => core::arch::wasm32::unreachable(),
+            "read-past-end" | "read-far" | "write-past-end" => past_memory(&self.mode),
             "recursion" => {
                 let mut pad = [0u64; 16];
                 let n = recurse(0, &mut pad);
@@ -194,6 +199,26 @@ impl TransportPolicy for Misbehave {
             _ => Decision::deny("misbehave denies port 666"),
         }
     }
+}
+
+/// Touches memory the instance does not have (see the module documentation); returns only if the sandbox let it.
+fn past_memory(mode: &str) -> Decision {
+    let end = core::arch::wasm32::memory_size(0) * 65536;
+    let addr = if mode == "read-far" { 0xffff_fff0 } else { end };
+    // SAFETY: none, deliberately: the address is outside the linear memory, and the host must trap the access.
+    unsafe {
+        if mode == "write-past-end" {
+            core::ptr::write_volatile(addr as *mut u8, 0x5a);
+        } else {
+            let b = core::ptr::read_volatile(addr as *const u8);
+            return Decision::deny(format!(
+                "read {b:#04x} at {addr:#x}, past the memory's end {end:#x}"
+            ));
+        }
+    }
+    Decision::deny(format!(
+        "wrote at {addr:#x}, past the memory's end {end:#x}"
+    ))
 }
 
 /// `wasi:random/random` imported directly (std reaches it only through small `getentropy` calls), to ask for
