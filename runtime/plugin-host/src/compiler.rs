@@ -71,7 +71,8 @@ pub const DEFAULT_COMPILE_ADDRESS_SPACE: u64 = 2 << 30;
 
 /// Address space reserved per linear memory: all a 32-bit index can reach, so loads and stores need no bounds check.
 const MEMORY_RESERVATION: u64 = 1 << 32;
-/// Inaccessible space after each reservation: covers the largest static offset a load or store adds to its index.
+/// Inaccessible space after each reservation: covers the static offsets a load or store adds to its index (an offset
+/// beyond it, which compilers do not emit for ordinary code, keeps an explicit check).
 const MEMORY_GUARD: u64 = 32 << 20;
 
 /// Address space one pooled linear memory takes: its reservation and the guard behind it.
@@ -99,7 +100,7 @@ impl EngineSettings {
             .wasm_component_model(true)
             .max_wasm_stack(self.max_wasm_stack)
             // Every memory reserves the whole 32-bit index space and a guard behind it, so the compiled code has
-            // no bounds check on any load or store: an access past the pages an instance may use lands on an
+            // no bounds check on its loads and stores: an access past the pages an instance may use lands on an
             // inaccessible page and traps. This is address space only (slots × 4 GiB for the pool, never
             // resident); the cap (`memory_limit`) is enforced on growth by the pool and the limiter.
             .memory_reservation(MEMORY_RESERVATION)
