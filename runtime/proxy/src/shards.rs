@@ -158,8 +158,8 @@ where
     F: Future<Output = ()>,
 {
     Ok(Adopt::Start {
-        socket: Some(stream.into_std()?),
-        make: Some(make),
+        socket: stream.into_std()?,
+        make,
     })
 }
 
@@ -167,9 +167,10 @@ pin_project_lite::pin_project! {
     /// A connection whose socket joins the reactor of the runtime that runs it ([`adopt`]). One state at a time:
     /// the socket and the constructor until the first poll, then only the connection's future.
     #[project = AdoptProj]
+    #[project_replace = AdoptOwned]
     pub enum Adopt<M, F> {
         /// Not polled yet.
-        Start { socket: Option<std::net::TcpStream>, make: Option<M> },
+        Start { socket: std::net::TcpStream, make: M },
         /// The connection.
         Running { #[pin] conn: F },
         /// Ended without running (the socket could not join this runtime's reactor).
@@ -185,21 +186,18 @@ where
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let next = match self.as_mut().project() {
-            AdoptProj::Running { conn } => return conn.poll(cx),
-            AdoptProj::Failed => return Poll::Ready(()),
-            AdoptProj::Start { socket, make } => match (socket.take(), make.take()) {
-                (Some(socket), Some(make)) => match TcpStream::from_std(socket) {
-                    Ok(stream) => Adopt::Running { conn: make(stream) },
+        if let AdoptProj::Start { .. } = self.as_mut().project() {
+            // Take the socket and the constructor out (leaving `Failed`), then start the connection.
+            if let AdoptOwned::Start { socket, make } = self.as_mut().project_replace(Adopt::Failed)
+            {
+                match TcpStream::from_std(socket) {
+                    Ok(stream) => self.set(Adopt::Running { conn: make(stream) }),
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot register an accepted connection with its shard: closing it");
-                        Adopt::Failed
                     }
-                },
-                _ => Adopt::Failed,
-            },
-        };
-        self.set(next);
+                }
+            }
+        }
         match self.project() {
             AdoptProj::Running { conn } => conn.poll(cx),
             _ => Poll::Ready(()),
