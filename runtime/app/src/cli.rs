@@ -41,7 +41,7 @@ pub enum Command {
     /// in a child process so the node never pages in the compiler. Not for direct use.
     #[command(hide = true)]
     CompilePlugin {
-        /// The engine settings (`--memory-limit N --max-wasm-stack N`), from the parent.
+        /// The engine settings (`--max-wasm-stack N`), from the parent.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         settings: Vec<String>,
     },

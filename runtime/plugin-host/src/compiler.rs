@@ -44,7 +44,7 @@ pub enum Compiler {
     Subprocess(SubprocessCompiler),
 }
 
-/// A child process that compiles one component: `program args.. --memory-limit N --max-wasm-stack N`, which must
+/// A child process that compiles one component: `program args.. --max-wasm-stack N`, which must
 /// call [`compile_child_main`] with those settings.
 ///
 /// What the child writes is loaded as machine code: wasmtime checks only the artifact's header (version, target,
@@ -81,11 +81,10 @@ pub(crate) const fn memory_slot_bytes() -> u64 {
 }
 
 /// The engine settings that decide what compiled code looks like; the node's engine and a compiler child's are
-/// built from the same values.
+/// built from the same values. The linear-memory cap is not one of them: every memory reserves the same address
+/// space whatever its cap, and the cap is enforced on growth by the node's pool and store limiter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EngineSettings {
-    /// Linear memory cap per instance (enforced when a memory grows).
-    pub memory_limit: usize,
     /// Wasm stack cap per call.
     pub max_wasm_stack: usize,
 }
@@ -102,30 +101,26 @@ impl EngineSettings {
             // Every memory reserves the whole 32-bit index space and a guard behind it, so the compiled code has
             // no bounds check on its loads and stores: an access past the pages an instance may use lands on an
             // inaccessible page and traps. This is address space only (slots × 4 GiB for the pool, never
-            // resident); the cap (`memory_limit`) is enforced on growth by the pool and the limiter.
+            // resident); the memory cap is enforced on growth by the node's pool and store limiter.
             .memory_reservation(MEMORY_RESERVATION)
             .memory_reservation_for_growth(0)
             .memory_guard_size(MEMORY_GUARD);
         config
     }
 
-    fn args(&self) -> [OsString; 4] {
+    fn args(&self) -> [OsString; 2] {
         [
-            "--memory-limit".into(),
-            self.memory_limit.to_string().into(),
             "--max-wasm-stack".into(),
             self.max_wasm_stack.to_string().into(),
         ]
     }
 
-    /// Parses what [`Self::args`] wrote (`--memory-limit N --max-wasm-stack N`, in any order).
+    /// Parses what [`Self::args`] wrote (`--max-wasm-stack N`).
     pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Self, String> {
-        let mut memory_limit = None;
         let mut max_wasm_stack = None;
         let mut it = args.into_iter();
         while let Some(flag) = it.next() {
             let slot = match flag.as_str() {
-                "--memory-limit" => &mut memory_limit,
                 "--max-wasm-stack" => &mut max_wasm_stack,
                 other => return Err(format!("unknown argument {other:?}")),
             };
@@ -137,7 +132,6 @@ impl EngineSettings {
             );
         }
         Ok(Self {
-            memory_limit: memory_limit.ok_or("--memory-limit is missing")?,
             max_wasm_stack: max_wasm_stack.ok_or("--max-wasm-stack is missing")?,
         })
     }
@@ -373,16 +367,22 @@ mod tests {
     #[test]
     fn settings_round_trip_through_the_child_arguments() {
         let s = EngineSettings {
-            memory_limit: 16 << 20,
             max_wasm_stack: 512 << 10,
         };
         let args = s.args().map(|a| a.into_string().unwrap_or_default());
         assert_eq!(EngineSettings::parse_args(args), Ok(s));
-        assert!(EngineSettings::parse_args(["--memory-limit".to_string()]).is_err());
-        assert!(EngineSettings::parse_args(["--bogus".to_string(), "1".to_string()]).is_err());
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(EngineSettings::parse_args(args(&["--max-wasm-stack"])).is_err());
+        assert!(EngineSettings::parse_args(args(&["--max-wasm-stack", "big"])).is_err());
+        assert!(EngineSettings::parse_args(args(&["--bogus", "1"])).is_err());
+        // A parent from before the memory cap left the engine settings is refused, not half-understood.
         assert!(
-            EngineSettings::parse_args(["--memory-limit".to_string(), "1".to_string()]).is_err(),
-            "both settings are required"
+            EngineSettings::parse_args(args(&["--memory-limit", "1", "--max-wasm-stack", "2"]))
+                .is_err()
+        );
+        assert!(
+            EngineSettings::parse_args(Vec::new()).is_err(),
+            "the stack cap is required"
         );
     }
 
@@ -390,8 +390,6 @@ mod tests {
     fn the_address_space_limit_is_taken_out_of_the_child_arguments() {
         let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let (limit, rest) = split_address_space_limit(args(&[
-            "--memory-limit",
-            "1",
             "--address-space-limit",
             "4096",
             "--max-wasm-stack",
@@ -399,27 +397,17 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(limit, Some(4096));
+        assert_eq!(rest, args(&["--max-wasm-stack", "2"]));
         assert_eq!(
-            rest,
-            args(&["--memory-limit", "1", "--max-wasm-stack", "2"])
-        );
-        assert_eq!(
-            split_address_space_limit(args(&["--memory-limit", "1"])).unwrap(),
-            (None, args(&["--memory-limit", "1"]))
+            split_address_space_limit(args(&["--max-wasm-stack", "2"])).unwrap(),
+            (None, args(&["--max-wasm-stack", "2"]))
         );
         assert!(split_address_space_limit(args(&["--address-space-limit"])).is_err());
         assert!(split_address_space_limit(args(&["--address-space-limit", "lots"])).is_err());
         // Bad limits are refused before anything is read or compiled.
         let mut out = Vec::new();
         let mut err = Vec::new();
-        let bad = args(&[
-            "--address-space-limit",
-            "x",
-            "--memory-limit",
-            "1",
-            "--max-wasm-stack",
-            "2",
-        ]);
+        let bad = args(&["--address-space-limit", "x", "--max-wasm-stack", "2"]);
         assert_eq!(
             compile_child_main(bad, &b""[..], &mut out, &mut err),
             EXIT_SETUP
@@ -430,7 +418,7 @@ mod tests {
     fn the_child_rejects_bytes_that_are_not_a_component_with_exit_1_and_a_reason() {
         let mut out = Vec::new();
         let mut err = Vec::new();
-        let args = ["--memory-limit", "1048576", "--max-wasm-stack", "65536"].map(String::from);
+        let args = ["--max-wasm-stack", "65536"].map(String::from);
         let code = compile_child_main(args, &b"not wasm"[..], &mut out, &mut err);
         assert_eq!(code, EXIT_INVALID);
         assert!(out.is_empty());

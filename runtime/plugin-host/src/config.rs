@@ -108,7 +108,6 @@ impl HostConfig {
     /// The settings that decide what compiled code looks like (the node's engine and a compiler child's).
     pub fn engine_settings(&self) -> EngineSettings {
         EngineSettings {
-            memory_limit: self.memory_limit,
             max_wasm_stack: self.max_wasm_stack,
         }
     }
