@@ -84,6 +84,7 @@ pub mod log;
 pub mod metrics;
 pub mod net;
 pub mod spiffe;
+pub mod workload_cache;
 
 #[doc(hidden)]
 #[path = "private.rs"]
@@ -99,6 +100,8 @@ pub use bindings::weft::plugin::types::{
     Direction, IpAddress, PolicyAction, PolicyClause, PolicyMatch, PolicyRule, PolicyScope,
     ServiceAccountMatch, SocketAddress, StateKinds, StringMatch, Verdict, Workload, WorkloadMeta,
 };
+
+pub use workload_cache::WorkloadCache;
 
 use std::net::SocketAddr;
 

@@ -32,7 +32,8 @@ use weft_plugin_sdk::json::Value;
 use weft_plugin_sdk::metrics::Counter;
 use weft_plugin_sdk::{
     AuthorizationPolicy, Connection, ConnectionScope, Decision, DestinationScope, Direction,
-    PolicyAction, PolicyMatch, PolicyScope, StateKinds, StringMatch, TransportPolicy, Workloads,
+    PolicyAction, PolicyMatch, PolicyScope, StateKinds, StringMatch, TransportPolicy,
+    WorkloadCache, Workloads,
 };
 
 /// The plugin's options.
@@ -185,6 +186,10 @@ fn describe(conn: &Connection) -> String {
 pub struct IstioAuthz {
     options: Options,
     index: Index,
+    /// Each destination workload's namespace and the WORKLOAD_SELECTOR policies that select it, under its key: two
+    /// host calls and their strings saved on every decision but a workload's first. (Host data only: valid
+    /// whatever the policies, so a state update keeps it.)
+    destinations: WorkloadCache<(String, Vec<String>)>,
     denials: Counter,
     dry_runs: Counter,
 }
@@ -194,6 +199,7 @@ impl TransportPolicy for IstioAuthz {
         Ok(IstioAuthz {
             options: Options::parse(config)?,
             index: Index::default(),
+            destinations: WorkloadCache::default(),
             denials: Counter::define(
                 "istio_authz_denials_total",
                 "Connections istio-authz denied, by the policy that denied (`-`: no ALLOW policy matched).",
@@ -239,9 +245,14 @@ impl TransportPolicy for IstioAuthz {
         if conn.direction == Direction::Outbound || self.index.is_empty() {
             return Decision::Allow;
         }
-        let (namespace, selected) = match workloads.destination {
-            Some(w) => (Some(w.namespace()), w.authorization_policies()),
-            None => (None, Vec::new()),
+        let (namespace, selected): (Option<&str>, &[String]) = match workloads.destination {
+            Some(w) => {
+                let (namespace, selected) = self
+                    .destinations
+                    .get_or_derive(w, |w| (w.namespace(), w.authorization_policies()));
+                (Some(namespace), selected)
+            }
+            None => (None, &[]),
         };
         let c = Conn::new(
             conn.source_addr(),
@@ -253,10 +264,7 @@ impl TransportPolicy for IstioAuthz {
             counter: &self.dry_runs,
             conn,
         };
-        match self
-            .index
-            .decide(&c, namespace.as_deref(), &selected, &mut dry)
-        {
+        match self.index.decide(&c, namespace, selected, &mut dry) {
             Ok(()) => Decision::Allow,
             Err(denial) => {
                 let policy = match &denial {

@@ -5,8 +5,14 @@
 
 #![allow(missing_docs, clippy::all)]
 
-/// The workload resource as the host keeps it: the data path's metadata, shared, never copied per call.
-pub struct WorkloadRes(pub std::sync::Arc<weft_hooks::WorkloadMeta>);
+/// The workload resource as the host keeps it: the data path's metadata, shared, never copied per call, and the
+/// key the guest sees for it (`workload.key`: unique within the instance, see `instance::WorkloadCache`).
+pub struct WorkloadRes {
+    /// The metadata (immutable: changed metadata is another `Arc`).
+    pub meta: std::sync::Arc<weft_hooks::WorkloadMeta>,
+    /// The key given to the guest for this metadata.
+    pub key: u64,
+}
 
 pub mod policy {
     wasmtime::component::bindgen!({

@@ -95,10 +95,17 @@ const WORKLOAD_CACHE: usize = 16;
 /// are found by the address of the metadata's `Arc`; each entry holds a clone of that `Arc`, so the address cannot
 /// be freed and reused while it is cached. At most [`WORKLOAD_CACHE`] entries: a new one evicts the least recently
 /// used.
+///
+/// Each entry pushed gets the next key (`workload.key` to the guest), so a key names one `Arc`, whose metadata
+/// never changes, and is never given again in this instance: a guest that keeps what it derived from a workload
+/// under its key cannot be handed another workload's (or an older version's) metadata under it. A workload evicted
+/// and lent again gets a new key (the guest misses its cache once).
 #[derive(Default)]
 struct WorkloadCache {
     /// `(Arc::as_ptr as usize, table rep)`, least recently used first.
     entries: std::collections::VecDeque<(usize, u32)>,
+    /// Keys given so far.
+    keys: u64,
 }
 
 impl WorkloadCache {
@@ -124,7 +131,13 @@ impl WorkloadCache {
         {
             table.delete(Resource::<WorkloadRes>::new_own(old))?;
         }
-        let rep = table.push(WorkloadRes(w.clone()))?.rep();
+        self.keys += 1;
+        let rep = table
+            .push(WorkloadRes {
+                meta: w.clone(),
+                key: self.keys,
+            })?
+            .rep();
         self.entries.push_back((key, rep));
         Ok(rep)
     }
@@ -488,6 +501,40 @@ mod tests {
     /// A cached workload keeps its rep; past the cap the oldest entry leaves the cache *and* the table, so the
     /// table never holds more than the cap however many workloads pass.
     #[test]
+    fn every_workload_entry_gets_a_key_never_given_before_in_the_instance() {
+        let mut table = wasmtime::component::ResourceTable::new();
+        let mut cache = WorkloadCache::default();
+        let mut key = |w: &Arc<weft_hooks::WorkloadMeta>| {
+            let rep = cache.rep(&mut table, w).unwrap();
+            table
+                .get(&Resource::<WorkloadRes>::new_own(rep))
+                .unwrap()
+                .key
+        };
+        let a = crate::testing::workload("a", "ns", "sa");
+        let ka = key(&a);
+        assert_eq!(
+            key(&a),
+            ka,
+            "the same metadata, still cached, keeps its key"
+        );
+        // A changed workload is another Arc: another key, even with equal contents.
+        let a2 = Arc::new((*a).clone());
+        let ka2 = key(&a2);
+        assert_ne!(ka2, ka);
+        let mut seen = std::collections::HashSet::from([ka, ka2]);
+        for i in 0..WORKLOAD_CACHE {
+            let w = crate::testing::workload(&format!("w{i}"), "ns", "sa");
+            assert!(seen.insert(key(&w)), "workload {i} got a key given before");
+        }
+        // `a` was evicted: lent again, it gets a key never given before (its old one names nothing now).
+        assert!(
+            seen.insert(key(&a)),
+            "an evicted workload came back with an old key"
+        );
+    }
+
+    #[test]
     fn the_workload_cache_reuses_entries_and_evicts_the_least_recently_used_from_the_table() {
         let mut table = wasmtime::component::ResourceTable::new();
         let mut cache = WorkloadCache::default();
@@ -507,7 +554,7 @@ mod tests {
         for (i, rep) in reps.iter().enumerate() {
             let name = table
                 .get(&Resource::<WorkloadRes>::new_own(*rep))
-                .map(|w| w.0.name.clone());
+                .map(|w| w.meta.name.clone());
             if i < 5 {
                 assert_ne!(
                     name.ok(),
@@ -524,7 +571,7 @@ mod tests {
             table
                 .get(&Resource::<WorkloadRes>::new_own(again))
                 .unwrap()
-                .0
+                .meta
                 .name,
             "w0"
         );

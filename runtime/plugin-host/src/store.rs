@@ -179,7 +179,7 @@ impl StoreData {
     }
 
     fn workload(&self, r: &Resource<WorkloadRes>) -> Result<&weft_hooks::WorkloadMeta> {
-        Ok(&self.table.get(r)?.0)
+        Ok(&self.table.get(r)?.meta)
     }
 
     fn define(
@@ -379,6 +379,9 @@ impl types::HostWorkload for StoreData {
     }
     fn meta(&mut self, w: Resource<WorkloadRes>) -> Result<types::WorkloadMeta> {
         Ok(crate::convert::workload_meta(self.workload(&w)?))
+    }
+    fn key(&mut self, w: Resource<WorkloadRes>) -> Result<u64> {
+        Ok(self.table.get(&w)?.key)
     }
     fn drop(&mut self, w: Resource<WorkloadRes>) -> Result<()> {
         self.table.delete(w)?;

@@ -281,6 +281,67 @@ fn connections_no_policy_reaches_are_allowed_without_a_call() {
     assert_eq!(calls(), (4, 2));
 }
 
+/// The plugin keeps each destination workload's namespace and selecting policies under the key the host gives
+/// that workload's metadata (`workload.key`), so decisions after the first ask the host nothing: metadata that
+/// changed between decisions (another policy selects the workload, it moved namespace) must be decided on as it
+/// is now, also when the old and the new version alternate on one reused instance.
+#[test]
+fn a_workload_whose_metadata_changed_is_decided_on_what_it_is_now() {
+    let h = Harness::policy(&wasm(), "").unwrap();
+    // A selector policy that denies port 9999, and a namespace policy that never matches (so every `shop`
+    // workload is in the plugin's scope, selected or not).
+    h.set_policies(&policies(
+        "[{name: deny-9999, namespace: shop, scope: WorkloadSelector, action: Deny, rules: [[[{destinationPorts: [9999]}]]]},
+          {name: deny-1, namespace: shop, scope: Namespace, action: Deny, rules: [[[{destinationPorts: [1]}]]]},
+          {name: deny-all, namespace: store, scope: Namespace, action: Deny, rules: [[]]}]",
+    ));
+    let version = |ns: &str, listed: &[&str]| {
+        let mut w = (*workload("server", ns, "backend")).clone();
+        w.authorization_policies = listed.iter().map(|p| p.to_string()).collect();
+        Arc::new(w)
+    };
+    let to = |w: &Arc<WorkloadMeta>| ConnectionRecord {
+        dst_workload: Some(w.clone()),
+        ..conn(9999, Some(PEER))
+    };
+    let selected = version("shop", &["shop/deny-9999"]);
+    let unselected = version("shop", &[]);
+    let moved = version("store", &[]);
+    let calls = || h.host().status().into_iter().next().unwrap().calls;
+    for round in 0..3 {
+        let before = calls();
+        match h.authorize(&to(&selected)) {
+            Verdict::Deny { reason, .. } => {
+                assert_eq!(
+                    reason, "explicitly denied by: shop/deny-9999",
+                    "round {round}"
+                )
+            }
+            Verdict::Allow => panic!("round {round}: the selected version was allowed"),
+        }
+        assert!(
+            h.authorize(&to(&unselected)).is_allow(),
+            "round {round}: the unselected version was decided as the selected one"
+        );
+        match h.authorize(&to(&moved)) {
+            Verdict::Deny { reason, .. } => {
+                assert_eq!(
+                    reason, "explicitly denied by: store/deny-all",
+                    "round {round}"
+                )
+            }
+            Verdict::Allow => {
+                panic!("round {round}: the moved version was decided in its old namespace")
+            }
+        }
+        assert_eq!(
+            calls() - before,
+            3,
+            "round {round}: every decision reached the plugin"
+        );
+    }
+}
+
 #[test]
 fn outbound_is_not_enforced() {
     let h = Harness::policy(&wasm(), "").unwrap();
