@@ -20,7 +20,9 @@
 //! Figures: one-flow bulk throughput; new connections/s (1 byte each way, the server closes first, as an HTTP
 //! server does for `Connection: close`); keep-alive 1-byte request latency p50/p99; a new connection's
 //! time to first byte p50/p99 (it includes the HBONE CONNECT round trip); the CPU both proxies of a pair spend per
-//! GiB and per connection (`/proc/<pid>/task/*/schedstat`); and, first, on fresh processes after one warm-up, the
+//! GiB and per connection (`/proc/<pid>/task/*/schedstat`); the machine's idle share during the bulk transfer
+//! (`/proc/stat`: a one-flow pipeline that leaves cores idle is bound by its stages waiting on each other, not by
+//! CPU); and, first, on fresh processes after one warm-up, the
 //! CPU an idle pair uses by itself (ms per second, over 2 s), idle RSS (and its anonymous part, the process's own
 //! memory) and RSS per connection while `BENCH_IDLE` idle connections are held open through each pair (the bench
 //! raises RLIMIT_NOFILE for itself, the servers and the proxies, which inherit it). Only ratios mean anything, and
@@ -279,6 +281,32 @@ fn status_kib(pid: Option<u32>, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The machine's CPU time so far, all cores, in clock ticks: (idle and iowait, total), from `/proc/stat`'s `cpu`
+/// line; zeros if unknown.
+fn machine_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(line) = stat.lines().find(|l| l.starts_with("cpu ")) else {
+        return (0, 0);
+    };
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is already in user).
+    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    (idle, v.iter().take(8).sum())
+}
+
+/// The idle share between two [`machine_ticks`] readings, %; NaN when no tick passed.
+fn idle_percent(before: (u64, u64), after: (u64, u64)) -> f64 {
+    let total = after.1.saturating_sub(before.1);
+    if total == 0 {
+        return f64::NAN;
+    }
+    after.0.saturating_sub(before.0) as f64 * 100.0 / total as f64
+}
+
 /// CPU time (ns) used so far by every thread of process `pid` (from `/proc/<pid>/task/*/schedstat`); 0 if unknown.
 fn cpu_ns(pid: Option<u32>) -> u64 {
     let Some(pid) = pid else { return 0 };
@@ -326,6 +354,9 @@ struct Round {
     gbps: f64,
     /// Proxy CPU (A+B) per GiB, ms.
     cpu_gib_ms: f64,
+    /// The machine's idle share (all cores) during the bulk transfer, %: how far the one-flow case is from
+    /// being bound by CPU (a pipeline that waits on itself leaves cores idle however cheap each stage is).
+    bulk_idle: f64,
     cps: f64,
     failed: u64,
     /// Proxy CPU (A+B) per connection, µs.
@@ -342,6 +373,7 @@ impl Default for Round {
         Self {
             gbps: f64::NAN,
             cpu_gib_ms: f64::NAN,
+            bulk_idle: f64::NAN,
             cps: f64::NAN,
             failed: 0,
             cpu_conn_us: f64::NAN,
@@ -381,8 +413,10 @@ impl Pair {
         let mut r = Round::default();
         if part("bulk") {
             let c0 = self.cpu();
+            let t0 = machine_ticks();
             r.gbps = self.in_a(move || bulk(SocketAddr::from((ip, SINK)), bypass, z.mib << 20));
             r.cpu_gib_ms = (self.cpu() - c0) / 1e6 / (z.mib as f64 / 1024.0);
+            r.bulk_idle = idle_percent(t0, machine_ticks());
         }
         if part("cps") {
             let c0 = self.cpu();
@@ -602,7 +636,7 @@ fn memory(pairs: &[Pair], idle: usize) {
 fn report(pairs: &[Pair], results: &[Vec<Round>]) {
     let col = |i: usize, f: fn(&Round) -> f64| results[i].iter().map(f).collect::<Vec<_>>();
     println!(
-        "{:9} | {:20} | {:20} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16}",
+        "{:9} | {:20} | {:20} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16}",
         "pair",
         "bulk Gb/s",
         "new conn/s",
@@ -611,12 +645,13 @@ fn report(pairs: &[Pair], results: &[Vec<Round>]) {
         "RTT p99 us",
         "1st byte p50 us",
         "1st byte p99 us",
-        "CPU ms/GiB A+B"
+        "CPU ms/GiB A+B",
+        "bulk: idle %"
     );
     for (i, p) in pairs.iter().enumerate() {
         let failed: u64 = results[i].iter().map(|r| r.failed).sum();
         println!(
-            "{:9} | {:20} | {:20} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16}{}",
+            "{:9} | {:20} | {:20} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16}{}",
             p.name,
             fmt_stats(col(i, |r| r.gbps), 2),
             fmt_stats(col(i, |r| r.cps), 0),
@@ -626,6 +661,7 @@ fn report(pairs: &[Pair], results: &[Vec<Round>]) {
             fmt_stats(col(i, |r| r.setup50), 0),
             fmt_stats(col(i, |r| r.setup99), 0),
             fmt_stats(col(i, |r| r.cpu_gib_ms), 0),
+            fmt_stats(col(i, |r| r.bulk_idle), 1),
             if failed > 0 {
                 format!("  ({failed} connections failed)")
             } else {
@@ -652,6 +688,7 @@ fn report(pairs: &[Pair], results: &[Vec<Round>]) {
         ("weft", "weft-np"),
         ("weft-pol", "weft-np"),
         ("weft", "weft-base"),
+        ("weft-pol", "weft-base"),
         ("weft", "direct"),
         ("ztunnel", "direct"),
     ] {
