@@ -188,7 +188,7 @@ fn node_opts(
 }
 
 impl NetMesh {
-    /// Build the namespaces, capture rules and both nodes; `tag` keeps names unique, `subnet` picks 10.248.<subnet>.x.
+    /// Build the namespaces, capture rules and both nodes; `tag` keeps names unique, `subnet` picks `10.248.<subnet>.x`.
     pub async fn start(tag: &str, subnet: u8, log: &str) -> Result<Self, String> {
         let (client_ip, server_ip) = (
             Ipv4Addr::new(10, 248, subnet, 1),

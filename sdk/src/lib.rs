@@ -66,7 +66,8 @@
 //!
 //! Build it with `cargo build --release --target wasm32-wasip2`; the component is
 //! `target/wasm32-wasip2/release/port_guard.wasm`. `sdk/README.md` walks from `cargo new` to a plugin hot-swapped
-//! into a running weft, and [`harness`] (feature `harness`) loads the `.wasm` in the real host for unit tests.
+//! into a running weft, and `weft_plugin_sdk::harness` (feature `harness`) loads the `.wasm` in the real host for
+//! unit tests.
 //!
 //! # Target
 //!

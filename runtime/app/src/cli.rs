@@ -1,5 +1,8 @@
 //! Command line and environment: `weft run` (the node proxy), `weft ca init` (a development root), `weft demo`
 //! (a two-node mesh on this machine), `weft control` (the Delta ADS server, flags in `weft_control::cli`).
+// The doc comments of the argument structs are clap's `--help` text, written for a terminal: addresses such as
+// `[::1]` and URLs stay plain there, not rustdoc links.
+#![allow(rustdoc::broken_intra_doc_links, rustdoc::bare_urls)]
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -14,6 +14,8 @@ use weft_proxy::{ProxyConfig, ProxyMetrics};
 use weft_state::{StateStore, Workload};
 
 /// How weft gets at workload traffic.
+// The variants' doc comments are `--mode`'s help text: `[::1]` stays plain there, not a rustdoc link.
+#[allow(rustdoc::broken_intra_doc_links)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Mode {
     /// Shared-node mode: weft's listeners (15001, 15006, 15008, 15080) live in weft's own network namespace and

@@ -24,6 +24,8 @@ use weft_xds::{AdsClient, Delta, Handler, NodeInfo, Rejection, SourceConfig, Xds
 pub const MESH_SOURCE: &str = "xds:mesh";
 
 /// `weft run` flags of the mesh source and the node id (the names of TEAM.md's contract and ztunnel's variables).
+// The fields' doc comments are clap's `--help` text: URLs stay plain there.
+#[allow(rustdoc::bare_urls)]
 #[derive(Debug, Clone, Args)]
 pub struct XdsArgs {
     /// The control plane serving workloads, services and policies over Delta ADS (istiod:

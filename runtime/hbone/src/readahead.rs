@@ -23,7 +23,7 @@ use tokio_util::io::poll_read_buf;
 /// Bytes read from the socket at once.
 pub const READ_AHEAD: usize = 64 * 1024;
 
-/// A byte stream with a read-ahead buffer (see the [module documentation](self)).
+/// A byte stream with a read-ahead buffer (see this module's documentation).
 #[derive(Debug)]
 pub struct ReadAhead<S> {
     io: S,

@@ -115,7 +115,7 @@ impl EngineSettings {
         ]
     }
 
-    /// Parses what [`Self::args`] wrote (`--max-wasm-stack N`).
+    /// Parses the settings a parent passes its compile child (`--max-wasm-stack N`).
     pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Self, String> {
         let mut max_wasm_stack = None;
         let mut it = args.into_iter();

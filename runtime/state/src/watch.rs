@@ -9,7 +9,7 @@
 //!
 //! Most polls find nothing new, so a poll first looks at the file's metadata (one `stat`) and reads it only when
 //! that changed, when a change is waiting for its second look, or when the last read may have raced a write (the
-//! file was modified within [`SETTLE`] of that read: timestamps are coarse, so a same-size rewrite in the same tick
+//! file was modified within `SETTLE` of that read: timestamps are coarse, so a same-size rewrite in the same tick
 //! would leave the metadata as it was). An idle node then reads its config once, not four times a second.
 
 use std::os::unix::fs::MetadataExt;
