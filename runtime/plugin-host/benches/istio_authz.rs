@@ -45,6 +45,29 @@ fn bench(c: &mut Criterion) {
         g.bench_with_input(BenchmarkId::new("wasm", n), &n, |b, _| {
             b.iter(|| black_box(harness.authorize(black_box(&conn))))
         });
+        if n == 1_000 {
+            // A node decides for many destination workloads: 48 in turn, each its own metadata (more than an
+            // instance's table keeps if it kept too few, and each must then be lent again under a new key).
+            let conns: Vec<_> = (0..48)
+                .map(|i| {
+                    let mut c = conn.clone();
+                    if let Some(w) = &conn.dst_workload {
+                        let mut meta = (**w).clone();
+                        meta.name = format!("server-{i}");
+                        c.dst_workload = Some(Arc::new(meta));
+                    }
+                    c
+                })
+                .collect();
+            assert!(conns.iter().all(|c| harness.authorize(c).is_allow()));
+            let mut i = 0;
+            g.bench_with_input(BenchmarkId::new("wasm_48_destinations", n), &n, |b, _| {
+                b.iter(|| {
+                    i = (i + 1) % conns.len();
+                    black_box(harness.authorize(black_box(&conns[i])))
+                })
+            });
+        }
 
         // Without the root-namespace policy the plugin's scope names destinations, and the connection is in it.
         let scoped = Harness::policy(&wasm, r#"{"logDryRun": false}"#).expect("load");

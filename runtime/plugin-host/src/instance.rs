@@ -87,8 +87,11 @@ pub(crate) struct Instance {
     workloads: WorkloadCache,
 }
 
-/// How many workload resources an instance keeps in its table between calls.
-const WORKLOAD_CACHE: usize = 16;
+/// How many workload resources an instance keeps in its table between calls: the local workloads of a busy node
+/// (as many as the SDK's `WorkloadCache` keeps by default). A workload evicted from here is lent again under a new
+/// key, so a plugin's cache of it misses: too few entries would make every decision of a node with more
+/// destinations than this ask the host again.
+const WORKLOAD_CACHE: usize = 64;
 
 /// The workload resources an instance keeps in its store's table across `authorize` calls, so a decision lends a
 /// borrow of an entry already there instead of pushing one (an allocation) and deleting it on every call. Entries
