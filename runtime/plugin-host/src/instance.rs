@@ -501,8 +501,7 @@ mod tests {
 
     use super::*;
 
-    /// A cached workload keeps its rep; past the cap the oldest entry leaves the cache *and* the table, so the
-    /// table never holds more than the cap however many workloads pass.
+    /// A key names one metadata `Arc` for as long as it is cached, and no key is ever given twice.
     #[test]
     fn every_workload_entry_gets_a_key_never_given_before_in_the_instance() {
         let mut table = wasmtime::component::ResourceTable::new();
@@ -537,6 +536,8 @@ mod tests {
         );
     }
 
+    /// A cached workload keeps its rep; past the cap the oldest entry leaves the cache *and* the table, so the
+    /// table never holds more than the cap however many workloads pass.
     #[test]
     fn the_workload_cache_reuses_entries_and_evicts_the_least_recently_used_from_the_table() {
         let mut table = wasmtime::component::ResourceTable::new();
