@@ -56,16 +56,17 @@ impl<T> WorkloadCache<T> {
             return &self.values[i];
         }
         let value = make();
-        if self.keys.len() < self.capacity {
+        let i = if self.keys.len() < self.capacity {
             self.keys.push(key);
             self.values.push(value);
-            let last = self.values.len() - 1;
-            return &self.values[last];
-        }
-        let i = self.next;
-        self.next = (i + 1) % self.capacity;
-        self.keys[i] = key;
-        self.values[i] = value;
+            self.keys.len() - 1
+        } else {
+            let i = self.next;
+            self.next = (i + 1) % self.capacity;
+            self.keys[i] = key;
+            self.values[i] = value;
+            i
+        };
         &self.values[i]
     }
 

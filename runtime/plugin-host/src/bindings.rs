@@ -6,7 +6,7 @@
 #![allow(missing_docs, clippy::all)]
 
 /// The workload resource as the host keeps it: the data path's metadata, shared, never copied per call, and the
-/// key the guest sees for it (`workload.key`: unique within the instance, see `instance::WorkloadCache`).
+/// key the guest sees for it (`workload.key`: unique within the instance, see `instance::WorkloadTable`).
 pub struct WorkloadRes {
     /// The metadata (immutable: changed metadata is another `Arc`).
     pub meta: std::sync::Arc<weft_hooks::WorkloadMeta>,

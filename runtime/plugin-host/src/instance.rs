@@ -84,7 +84,7 @@ pub(crate) struct Instance {
     store: Store<StoreData>,
     exports: Exports,
     limits: Limits,
-    workloads: WorkloadCache,
+    workloads: WorkloadTable,
 }
 
 /// How many workload resources an instance keeps in its table between calls: the local workloads of a busy node
@@ -104,14 +104,14 @@ const WORKLOAD_CACHE: usize = 64;
 /// under its key cannot be handed another workload's (or an older version's) metadata under it. A workload evicted
 /// and lent again gets a new key (the guest misses its cache once).
 #[derive(Default)]
-struct WorkloadCache {
+struct WorkloadTable {
     /// `(Arc::as_ptr as usize, table rep)`, least recently used first.
     entries: std::collections::VecDeque<(usize, u32)>,
     /// Keys given so far.
     keys: u64,
 }
 
-impl WorkloadCache {
+impl WorkloadTable {
     /// The table rep of `w`'s resource, pushed (and the least recently used evicted) if it is not cached.
     fn rep(
         &mut self,
@@ -328,7 +328,7 @@ impl Instance {
             store,
             exports,
             limits,
-            workloads: WorkloadCache::default(),
+            workloads: WorkloadTable::default(),
         })
     }
 
@@ -505,7 +505,7 @@ mod tests {
     #[test]
     fn every_workload_entry_gets_a_key_never_given_before_in_the_instance() {
         let mut table = wasmtime::component::ResourceTable::new();
-        let mut cache = WorkloadCache::default();
+        let mut cache = WorkloadTable::default();
         let mut key = |w: &Arc<weft_hooks::WorkloadMeta>| {
             let rep = cache.rep(&mut table, w).unwrap();
             table
@@ -541,7 +541,7 @@ mod tests {
     #[test]
     fn the_workload_cache_reuses_entries_and_evicts_the_least_recently_used_from_the_table() {
         let mut table = wasmtime::component::ResourceTable::new();
-        let mut cache = WorkloadCache::default();
+        let mut cache = WorkloadTable::default();
         let ws: Vec<_> = (0..WORKLOAD_CACHE + 5)
             .map(|i| crate::testing::workload(&format!("w{i}"), "ns", "sa"))
             .collect();
