@@ -11,7 +11,12 @@
 //! `weft-base` when `WEFT_BASE_BIN` names another weft build (default plugins; before and after a change, in one
 //! run; with `BENCH_BASE_POLICY=1` it gets `weft-pol`'s policy, to compare a change to the decision path), and
 //! `ztunnel` when `ZTUNNEL_BIN` names a ztunnel binary built from its public source ([`weft_conformance::ztunnel`];
-//! without it the bench says why and runs the weft figures only: CI has no ztunnel and never needs one). Every
+//! without it the bench says why and runs the weft figures only: CI has no ztunnel and never needs one), and
+//! `relay`, the yardstick: the same capture and hop carried by a plain TCP relay on each node
+//! ([`weft_conformance::relay`]: no TLS, no HTTP/2, no policy; this bench binary again, one process a node), the
+//! least work per byte any userspace node proxy could do on this path, so `relay / ztunnel` bounds what any proxy's
+//! ratio against ztunnel can be on this machine (kernel TLS, which would let a proxy splice the encrypted side
+//! too, is not offered by every kernel: `/proc/sys/net/ipv4/tcp_available_ulp`). Every
 //! pair stays up for the whole run (an idle pair's own background work lands on every measurement alike) and the
 //! measurements alternate: each round measures every pair once, in an order rotated per round, so no pair always
 //! runs on a machine another one has just warmed or loaded. Reported: the median over rounds with the spread
@@ -48,8 +53,9 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use weft_conformance::load::{close_server, conn_rate, rr_server};
-use weft_conformance::netmesh::{Layout, NetMesh, connect, yaml};
-use weft_conformance::ztunnel::{ZtunnelMesh, ztunnel_binary};
+use weft_conformance::netmesh::{Layout, NetMesh, Topology, connect, yaml};
+use weft_conformance::relay;
+use weft_conformance::ztunnel::{NsProcess, ZtunnelMesh, ztunnel_binary};
 use weft_devmesh::netns::Netns;
 
 const SINK: u16 = 9000;
@@ -335,6 +341,62 @@ struct Pair {
 enum Running {
     Weft(Box<NetMesh>),
     Ztunnel(Box<ZtunnelMesh>),
+    Relay(Box<RelayPair>),
+}
+
+/// The yardstick pair: [`relay`] on both nodes of a [`Topology`], each node this bench binary again with
+/// `BENCH_RELAY` (`out:<node B's address>` or `in`). Field order is drop order: processes before namespaces.
+struct RelayPair {
+    a: NsProcess,
+    b: NsProcess,
+    topo: Topology,
+    _dir: tempfile::TempDir,
+}
+
+impl RelayPair {
+    async fn start(tag: &str, subnet: u8) -> Result<Self, String> {
+        let (c, s) = (
+            Ipv4Addr::new(10, 248, subnet, 1),
+            Ipv4Addr::new(10, 248, subnet, 2),
+        );
+        let topo = Topology::create(tag, &Layout::new(c, s, 24))?;
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let me = std::env::current_exe().map_err(|e| e.to_string())?;
+        let node = |name: &str, ns: &Netns, spec: String| {
+            NsProcess::spawn(
+                name,
+                &ns.name,
+                &me,
+                &[],
+                &[("BENCH_RELAY".to_owned(), spec)],
+                dir.path().join(format!("{name}.log")),
+            )
+        };
+        let mut b = node("relay-b", &topo.ns_b, "in".into())?;
+        let mut a = node("relay-a", &topo.ns_a, format!("out:{s}"))?;
+        b.wait_log(relay::LISTENING, Duration::from_secs(30))
+            .await?;
+        a.wait_log(relay::LISTENING, Duration::from_secs(30))
+            .await?;
+        Ok(Self {
+            a,
+            b,
+            topo,
+            _dir: dir,
+        })
+    }
+}
+
+/// This process as one node of the relay pair (`BENCH_RELAY`: `in`, or `out:<node B's IPv4 address>`).
+async fn run_relay(spec: &str) {
+    let served = match spec.strip_prefix("out:") {
+        Some(peer) => relay::outbound(peer.parse().expect("BENCH_RELAY out:<IPv4>")).await,
+        None => relay::inbound().await,
+    };
+    if let Err(e) = served {
+        eprintln!("relay {spec}: {e}");
+        std::process::exit(1);
+    }
 }
 
 impl Running {
@@ -343,6 +405,7 @@ impl Running {
         let (a, b) = match self {
             Running::Weft(m) => (m.a.log_tail(20), m.b.log_tail(20)),
             Running::Ztunnel(z) => (z.a.log_tail(20), z.b.log_tail(20)),
+            Running::Relay(r) => (r.a.log_tail(20), r.b.log_tail(20)),
         };
         format!("node A:\n{a}\nnode B:\n{b}")
     }
@@ -564,6 +627,21 @@ async fn start_pairs(log: &str) -> (Vec<Running>, Vec<Pair>, Vec<Servers>) {
         Ok(_) => println!("ztunnel pair skipped: not in BENCH_PAIRS"),
         Err(why) => println!("ztunnel pair skipped: {why}"),
     }
+    if wanted("relay") {
+        let r = RelayPair::start("r", 14)
+            .await
+            .expect("the relay pair (network namespaces need root)");
+        pairs.push(Pair {
+            name: "relay",
+            ns_a: r.topo.ns_a.name.clone(),
+            server_ip: r.topo.server_ip,
+            bypass: false,
+            pids: (r.a.pid(), r.b.pid()),
+            running: Some(running.len()),
+        });
+        servers.push(Servers::spawn(&r.topo.ns_b.name, r.topo.server_ip));
+        running.push(Running::Relay(Box::new(r)));
+    }
     // Direct: the first pair's namespaces with the capture skipped.
     if wanted("direct")
         && let Some(first) = pairs.first()
@@ -587,7 +665,9 @@ fn memory(pairs: &[Pair], idle: usize) {
         "idle memory (after one warm-up; then {idle} idle connections held through the pair), MiB; per connection, bytes:"
     );
     let mut per_conn = Vec::new();
-    for p in pairs.iter().filter(|p| !p.bypass) {
+    // The relay's per-connection buffers are sized for throughput (two of relay::BUF), not memory: not a yardstick
+    // for this case.
+    for p in pairs.iter().filter(|p| !p.bypass && p.name != "relay") {
         // CPU an idle pair burns on its own (timers, tickers, housekeeping), over a short quiet window.
         let (c0, t0) = (p.cpu(), Instant::now());
         std::thread::sleep(IDLE_CPU_WINDOW);
@@ -691,6 +771,9 @@ fn report(pairs: &[Pair], results: &[Vec<Round>]) {
         ("weft-pol", "weft-base"),
         ("weft", "direct"),
         ("ztunnel", "direct"),
+        ("relay", "ztunnel"),
+        ("weft", "relay"),
+        ("relay", "direct"),
     ] {
         let (Some(i), Some(j)) = (idx(a), idx(b)) else {
             continue;
@@ -712,6 +795,10 @@ fn report(pairs: &[Pair], results: &[Vec<Round>]) {
 async fn main() {
     if let Ok(ip) = std::env::var("BENCH_SERVE") {
         servers(ip.parse().expect("BENCH_SERVE ip")).await;
+        return;
+    }
+    if let Ok(spec) = std::env::var("BENCH_RELAY") {
+        run_relay(&spec).await;
         return;
     }
     let (z, full) = Sizes::from_env();
@@ -782,6 +869,7 @@ async fn main() {
                 m.b.terminate(Duration::from_secs(5)).await;
             }
             Running::Ztunnel(z) => z.stop().await,
+            Running::Relay(_) => {}
         }
     }
 }

@@ -7,6 +7,7 @@ pub mod gatewaymesh;
 pub mod load;
 pub mod netmesh;
 pub mod podmesh;
+pub mod relay;
 pub mod waypoint;
 pub mod xdsmesh;
 pub mod ztunnel;
