@@ -9,8 +9,16 @@
 //! caller that asks for at least [`READ_AHEAD`] always reads the socket directly. Writes pass straight
 //! through.
 //!
+//! A read ahead asks for up to 1 MiB, so a bulk transfer drains its socket in few reads and the
+//! receiving node opens its peer's TCP window sooner. In the mesh bench (one flow through two
+//! nodes, 6 rounds of 2 GiB, twice, the build before as `weft-base`), reading ahead 1 MiB against
+//! 64 KiB: 1.11× and 1.15× the throughput at 0.97× and 0.94× the CPU per GiB, the machine 16–17 %
+//! idle instead of 24 % (the sending node waits less for its window). A read ahead that grew from
+//! 64 KiB to 1 MiB while reads filled it came out at 0.96–0.98× a fixed 1 MiB.
+//!
 //! The buffer is allocated (not zeroed) for each socket read that needs it and given back once it has
-//! been handed out entirely, so an idle connection holds none.
+//! been handed out entirely, so an idle connection holds none; a busy one holds at most
+//! [`READ_AHEAD`] bytes here while it is reading ahead.
 
 use std::io;
 use std::pin::Pin;
@@ -20,8 +28,8 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio_util::io::poll_read_buf;
 
-/// Bytes read from the socket at once.
-pub const READ_AHEAD: usize = 64 * 1024;
+/// Bytes asked of the socket by one read ahead.
+pub const READ_AHEAD: usize = 1024 * 1024;
 
 /// A byte stream with a read-ahead buffer (see this module's documentation).
 #[derive(Debug)]
@@ -166,7 +174,7 @@ mod tests {
         assert_eq!(
             ra.get_ref().reads,
             2,
-            "16 reads of 4 KiB: the first straight from the socket, the other 15 from one read ahead"
+            "256 reads of 4 KiB: the first straight from the socket, the other 255 from one read ahead"
         );
         assert_eq!(ra.get_ref().asked, vec![4096, READ_AHEAD]);
         assert!(ra.buf.is_none(), "a drained buffer is given back");
@@ -236,7 +244,7 @@ mod tests {
 
     #[tokio::test]
     async fn reading_ahead_stops_once_the_socket_has_no_more_than_asked() {
-        // 4 KiB fills the first read; a full 64 KiB read ahead; then a short one ends reading ahead.
+        // 4 KiB fills the first read; a full read ahead; then a short one ends reading ahead.
         let chunks = vec![
             pattern(4096, 1),
             pattern(READ_AHEAD, 2),
