@@ -465,10 +465,13 @@ impl Inner {
                     .await
                     .map_err(|source| DialError::Tcp { addr, source })?;
                 let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
-                let tls = tokio_rustls::TlsConnector::from(tls_cfg)
+                let mut tls = tokio_rustls::TlsConnector::from(tls_cfg)
                     .connect(name, weft_hbone::ReadAhead::new(tcp))
                     .await
                     .map_err(|source| DialError::Tls { addr, source })?;
+                tls.get_mut()
+                    .1
+                    .set_buffer_limit(Some(weft_hbone::TLS_SEND_BUFFER));
                 weft_hbone::handshake(tls, &me.cfg.h2)
                     .await
                     .map_err(|source| DialError::H2 { addr, source })
