@@ -14,9 +14,11 @@
 //! without it the bench says why and runs the weft figures only: CI has no ztunnel and never needs one), and
 //! `relay`, the yardstick: the same capture and hop carried by a plain TCP relay on each node
 //! ([`weft_conformance::relay`]: no TLS, no HTTP/2, no policy; this bench binary again, one process a node), the
-//! least work per byte any userspace node proxy could do on this path, so `relay / ztunnel` bounds what any proxy's
-//! ratio against ztunnel can be on this machine (kernel TLS, which would let a proxy splice the encrypted side
-//! too, is not offered by every kernel: `/proc/sys/net/ipv4/tcp_available_ulp`). Every
+//! least work per byte any userspace node proxy could do on this path, so `relay / ztunnel` bounds what a proxy's
+//! one-flow throughput and keep-alive latency against ztunnel's can be on this machine (kernel TLS, which would let a
+//! proxy splice the encrypted side too, is not offered by every kernel: `/proc/sys/net/ipv4/tcp_available_ulp`; this
+//! one offers none). Its connection rate and memory are no yardstick: each connection takes two 256 KiB buffers and a
+//! task per node, and it is left out of the memory case. Every
 //! pair stays up for the whole run (an idle pair's own background work lands on every measurement alike) and the
 //! measurements alternate: each round measures every pair once, in an order rotated per round, so no pair always
 //! runs on a machine another one has just warmed or loaded. Reported: the median over rounds with the spread
@@ -40,12 +42,12 @@
 //!   WEFT_BIN=target/release/weft ZTUNNEL_BIN=... BENCH_FULL=1 cargo test --workspace --bench mesh
 //! Without `--bench` on its command line (`cargo test --bench mesh`) and without `BENCH_FULL=1` it is a smoke run:
 //! one round of tiny sizes, every code path once. (`cargo test --workspace` alone does not build or run benches.)
-//! Environment (defaults full / smoke): BENCH_ROUNDS (5 / 1), BENCH_MIB bulk size per round (512 / 8), BENCH_SECS
-//! connection-rate window per round, fractional allowed (3 / 0.3), BENCH_CONC concurrent connectors (16), BENCH_LAT_N
-//! latency samples per round (5000 / 200), BENCH_IDLE idle connections for the memory case, 0 skips it (10000 /
-//! 100), BENCH_LOG both proxies' log filter (`info`, both proxies' default), BENCH_ONLY comma list of `mem`,
-//! `bulk`, `cps`, `lat` (run only those parts; default all), BENCH_PAIRS comma list of pairs to start (default all
-//! available).
+//! Environment (defaults full / smoke): BENCH_ROUNDS (5 / 1), BENCH_MIB bulk size per round (2048 / 8; a transfer of a
+//! few seconds, so a round is not one scheduling accident), BENCH_SECS connection-rate window per round, fractional
+//! allowed (3 / 0.3), BENCH_CONC concurrent connectors (16), BENCH_LAT_N latency samples per round (5000 / 200),
+//! BENCH_IDLE idle connections for the memory case, 0 skips it (10000 / 100), BENCH_LOG both proxies' log filter
+//! (`info`, both proxies' default), BENCH_ONLY comma list of `mem`, `bulk`, `cps`, `lat` (run only those parts; default
+//! all), BENCH_PAIRS comma list of pairs to start (default all available).
 #![allow(clippy::unwrap_used)] // a bench panics to fail
 
 use std::net::{Ipv4Addr, SocketAddr};
@@ -102,7 +104,7 @@ impl Sizes {
         };
         let sizes = Self {
             rounds: (num("BENCH_ROUNDS", pick(5.0, 1.0)) as usize).max(1),
-            mib: (num("BENCH_MIB", pick(512.0, 8.0)) as u64).max(1),
+            mib: (num("BENCH_MIB", pick(2048.0, 8.0)) as u64).max(1),
             window: Duration::from_secs_f64(num("BENCH_SECS", pick(3.0, 0.3))),
             conc: (num("BENCH_CONC", 16.0) as usize).max(1),
             lat_n: (num("BENCH_LAT_N", pick(5000.0, 200.0)) as usize).max(10),
