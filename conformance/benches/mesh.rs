@@ -24,16 +24,16 @@
 //! runs on a machine another one has just warmed or loaded. Reported: the median over rounds with the spread
 //! (min–max), and ratios taken per round (paired: the same figure of two pairs in the same round) with theirs.
 //!
-//! Figures: one-flow bulk throughput; new connections/s (1 byte each way, the server closes first, as an HTTP
-//! server does for `Connection: close`); keep-alive 1-byte request latency p50/p99; a new connection's
-//! time to first byte p50/p99 (it includes the HBONE CONNECT round trip); the CPU both proxies of a pair spend per
-//! GiB and per connection (`/proc/<pid>/task/*/schedstat`); the machine's idle share during the bulk transfer
-//! (`/proc/stat`: a one-flow pipeline that leaves cores idle is bound by its stages waiting on each other, not by
-//! CPU); and, first, on fresh processes after one warm-up, the
-//! CPU an idle pair uses by itself (ms per second, over 2 s), idle RSS (and its anonymous part, the process's own
-//! memory) and RSS per connection while `BENCH_IDLE` idle connections are held open through each pair (the bench
-//! raises RLIMIT_NOFILE for itself, the servers and the proxies, which inherit it). Only ratios mean anything, and
-//! only on a quiet machine; nothing here asserts a time.
+//! Figures: one-flow bulk throughput, client to server (upload) and server to client (download, `bulk down`); new
+//! connections/s (1 byte each way, the server closes first, as an HTTP server does for `Connection: close`); keep-alive
+//! 1-byte request latency p50/p99; a new connection's time to first byte p50/p99 (it includes the HBONE CONNECT round
+//! trip); the CPU both proxies of a pair spend per GiB (of the upload) and per connection
+//! (`/proc/<pid>/task/*/schedstat`); the machine's idle share during the upload (`/proc/stat`: a one-flow pipeline that
+//! leaves cores idle is bound by its stages waiting on each other as well as by CPU); and, first, on fresh processes
+//! after one warm-up, the CPU an idle pair uses by itself (ms per second, over 2 s), idle RSS (and its anonymous part,
+//! the process's own memory) and RSS per connection while `BENCH_IDLE` idle connections are held open through each pair
+//! (the bench raises RLIMIT_NOFILE for itself, the servers and the proxies, which inherit it). Only ratios mean
+//! anything, and only on a quiet machine; nothing here asserts a time.
 //!
 //! Run for figures (root, release builds; ztunnel's certificates come from `weft-ca`, found next to `weft`):
 //!   cargo build --release --workspace --bins
@@ -61,6 +61,8 @@ use weft_conformance::ztunnel::{NsProcess, ZtunnelMesh, ztunnel_binary};
 use weft_devmesh::netns::Netns;
 
 const SINK: u16 = 9000;
+/// The server that sends: reads a byte count (8 bytes, big-endian), sends that many bytes, closes.
+const SOURCE: u16 = 9003;
 /// How long an idle pair's own CPU use is measured for (the memory case).
 const IDLE_CPU_WINDOW: Duration = Duration::from_secs(2);
 const RR: u16 = 9001;
@@ -132,6 +134,29 @@ async fn servers(ip: Ipv4Addr) {
     let sink = tokio::net::TcpListener::bind((ip, SINK))
         .await
         .expect("sink");
+    let source = tokio::net::TcpListener::bind((ip, SOURCE))
+        .await
+        .expect("source");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = source.accept().await {
+            tokio::spawn(async move {
+                let mut n = [0u8; 8];
+                if s.read_exact(&mut n).await.is_err() {
+                    return;
+                }
+                let buf = vec![0xa5u8; 256 * 1024];
+                let mut left = u64::from_be_bytes(n);
+                while left > 0 {
+                    let k = left.min(buf.len() as u64) as usize;
+                    if s.write_all(&buf[..k]).await.is_err() {
+                        return;
+                    }
+                    left -= k as u64;
+                }
+                let _ = s.shutdown().await;
+            });
+        }
+    });
     tokio::spawn(close_server(SocketAddr::from((ip, CLOSE))));
     tokio::spawn(async move {
         while let Ok((mut s, _)) = sink.accept().await {
@@ -192,6 +217,24 @@ async fn bulk(dst: SocketAddr, bypass: bool, bytes: u64) -> f64 {
     let mut got = [0u8; 8];
     s.read_exact(&mut got).await.expect("count");
     assert_eq!(u64::from_be_bytes(got), bytes, "sink byte count");
+    bytes as f64 * 8.0 / start.elapsed().as_secs_f64() / 1e9
+}
+
+/// One flow the other way: asks the source for `bytes` and reads them to the end; Gb/s.
+async fn bulk_down(dst: SocketAddr, bypass: bool, bytes: u64) -> f64 {
+    let mut s = connect(dst, bypass).await.expect("connect");
+    let start = Instant::now();
+    s.write_all(&bytes.to_be_bytes()).await.expect("ask");
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut got = 0u64;
+    loop {
+        let k = s.read(&mut buf).await.expect("read");
+        if k == 0 {
+            break;
+        }
+        got += k as u64;
+    }
+    assert_eq!(got, bytes, "bytes from the source");
     bytes as f64 * 8.0 / start.elapsed().as_secs_f64() / 1e9
 }
 
@@ -417,6 +460,8 @@ impl Running {
 #[derive(Debug, Clone, Copy)]
 struct Round {
     gbps: f64,
+    /// One flow from the server to the client (a download), Gb/s.
+    down_gbps: f64,
     /// Proxy CPU (A+B) per GiB, ms.
     cpu_gib_ms: f64,
     /// The machine's idle share (all cores) during the bulk transfer, %: how far the one-flow case is from
@@ -437,6 +482,7 @@ impl Default for Round {
     fn default() -> Self {
         Self {
             gbps: f64::NAN,
+            down_gbps: f64::NAN,
             cpu_gib_ms: f64::NAN,
             bulk_idle: f64::NAN,
             cps: f64::NAN,
@@ -482,6 +528,8 @@ impl Pair {
             r.gbps = self.in_a(move || bulk(SocketAddr::from((ip, SINK)), bypass, z.mib << 20));
             r.cpu_gib_ms = (self.cpu() - c0) / 1e6 / (z.mib as f64 / 1024.0);
             r.bulk_idle = idle_percent(t0, machine_ticks());
+            r.down_gbps =
+                self.in_a(move || bulk_down(SocketAddr::from((ip, SOURCE)), bypass, z.mib << 20));
         }
         if part("cps") {
             let c0 = self.cpu();
@@ -718,9 +766,10 @@ fn memory(pairs: &[Pair], idle: usize) {
 fn report(pairs: &[Pair], results: &[Vec<Round>]) {
     let col = |i: usize, f: fn(&Round) -> f64| results[i].iter().map(f).collect::<Vec<_>>();
     println!(
-        "{:9} | {:20} | {:20} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16}",
+        "{:9} | {:20} | {:20} | {:20} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16}",
         "pair",
         "bulk Gb/s",
+        "bulk down Gb/s",
         "new conn/s",
         "CPU us/conn A+B",
         "RTT p50 us",
@@ -733,9 +782,10 @@ fn report(pairs: &[Pair], results: &[Vec<Round>]) {
     for (i, p) in pairs.iter().enumerate() {
         let failed: u64 = results[i].iter().map(|r| r.failed).sum();
         println!(
-            "{:9} | {:20} | {:20} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16}{}",
+            "{:9} | {:20} | {:20} | {:20} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16}{}",
             p.name,
             fmt_stats(col(i, |r| r.gbps), 2),
+            fmt_stats(col(i, |r| r.down_gbps), 2),
             fmt_stats(col(i, |r| r.cps), 0),
             fmt_stats(col(i, |r| r.cpu_conn_us), 0),
             fmt_stats(col(i, |r| r.p50), 0),
@@ -781,9 +831,10 @@ fn report(pairs: &[Pair], results: &[Vec<Round>]) {
             continue;
         };
         println!(
-            "  {:20} bulk {}   conn/s {}   CPU/conn {}   RTT p50 {}   RTT p99 {}   1st byte p50 {}",
+            "  {:20} bulk {}   down {}   conn/s {}   CPU/conn {}   RTT p50 {}   RTT p99 {}   1st byte p50 {}",
             format!("{a} / {b}"),
             fmt_stats(ratio(i, j, |r| r.gbps), 3),
+            fmt_stats(ratio(i, j, |r| r.down_gbps), 3),
             fmt_stats(ratio(i, j, |r| r.cps), 3),
             fmt_stats(ratio(i, j, |r| r.cpu_conn_us), 3),
             fmt_stats(ratio(i, j, |r| r.p50), 3),
