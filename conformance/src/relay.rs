@@ -3,10 +3,11 @@
 //! could get on this machine.
 //!
 //! Node A's relay ([`outbound`]) accepts what the capture redirects to 15001, reads the original destination
-//! (`SO_ORIGINAL_DST`), connects to node B's relay on [`PORT`] with a [`MARK`](crate::netmesh::MARK)ed socket (so the capture skips it)
-//! and sends the destination as six bytes (IPv4 address, port, big-endian); node B's relay ([`inbound`]) reads them,
-//! connects to the destination and both copy in both directions with [`BUF`]-sized buffers until both directions
-//! have ended (a half-close is passed on). It is a yardstick, not a proxy: no identity, no authorization, IPv4 only.
+//! (`SO_ORIGINAL_DST`), connects to node B's relay on [`PORT`] with a [`MARK`](crate::netmesh::MARK)ed socket (so the
+//! capture skips it) and sends the destination as six bytes (IPv4 address, port, big-endian); node B's relay
+//! ([`inbound`]) reads them, connects to the destination and both copy in both directions with [`BUF`]-sized buffers
+//! until both directions have ended (a half-close is passed on). It is a yardstick, not a proxy: no identity, no
+//! authorization, IPv4 only.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 
