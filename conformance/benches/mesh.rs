@@ -38,8 +38,10 @@
 //! Run for figures (root, release builds; ztunnel's certificates come from `weft-ca`, found next to `weft`):
 //!   cargo build --release --workspace --bins
 //!   ZTUNNEL_BIN=/path/to/ztunnel cargo bench --workspace --bench mesh
-//! or build the bench in the test profile and point it at the release weft (much less to compile):
-//!   WEFT_BIN=target/release/weft ZTUNNEL_BIN=... BENCH_FULL=1 cargo test --workspace --bench mesh
+//! or build the bench in the test profile and point it at the release weft (much less to compile; the `--config`
+//! optimises this crate, whose code the relay pair runs, as the dependencies already are in the test profile):
+//!   WEFT_BIN=target/release/weft ZTUNNEL_BIN=... BENCH_FULL=1 cargo test -p weft-conformance --bench mesh \
+//!     --config 'profile.dev.package.weft-conformance.opt-level=3'
 //! Without `--bench` on its command line (`cargo test --bench mesh`) and without `BENCH_FULL=1` it is a smoke run:
 //! one round of tiny sizes, every code path once. (`cargo test --workspace` alone does not build or run benches.)
 //! Environment (defaults full / smoke): BENCH_ROUNDS (5 / 1), BENCH_MIB bulk size per round (2048 / 8; a transfer of a
