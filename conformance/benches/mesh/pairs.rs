@@ -1,0 +1,317 @@
+//! The pairs the bench compares: starting them (weft builds, ztunnel, the relay yardstick, the direct path), what
+//! keeps them up, and one round of measurements through a pair.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use weft_conformance::load::conn_rate;
+use weft_conformance::netmesh::{Layout, NetMesh, Topology, connect, yaml};
+use weft_conformance::relay;
+use weft_conformance::ztunnel::{NsProcess, ZtunnelMesh, ztunnel_binary};
+use weft_devmesh::netns::Netns;
+
+use super::probes::{
+    Servers, bulk, bulk_down, cpu_ns, idle_percent, latency, machine_ticks, setup_latency,
+};
+use super::{CLOSE, POLICY_NEVER_MATCHING, RR, SINK, SOURCE, Sizes, part, wanted};
+
+/// One proxy pair (or the direct path) as measured: where its client runs and which processes are its proxies.
+pub(crate) struct Pair {
+    pub(crate) name: &'static str,
+    pub(crate) ns_a: String,
+    pub(crate) server_ip: Ipv4Addr,
+    pub(crate) bypass: bool,
+    pub(crate) pids: (Option<u32>, Option<u32>),
+    /// Its entry in the list of running pairs (none for direct).
+    pub(crate) running: Option<usize>,
+}
+
+/// What keeps a pair up (dropped at the end: processes killed, namespaces deleted).
+pub(crate) enum Running {
+    Weft(Box<NetMesh>),
+    Ztunnel(Box<ZtunnelMesh>),
+    Relay(Box<RelayPair>),
+}
+
+/// The yardstick pair: [`relay`] on both nodes of a [`Topology`], each node this bench binary again with
+/// `BENCH_RELAY` (`out:<node B's address>` or `in`). Field order is drop order: processes before namespaces.
+pub(crate) struct RelayPair {
+    a: NsProcess,
+    b: NsProcess,
+    topo: Topology,
+    _dir: tempfile::TempDir,
+}
+
+impl RelayPair {
+    async fn start(tag: &str, subnet: u8) -> Result<Self, String> {
+        let (c, s) = (
+            Ipv4Addr::new(10, 248, subnet, 1),
+            Ipv4Addr::new(10, 248, subnet, 2),
+        );
+        let topo = Topology::create(tag, &Layout::new(c, s, 24))?;
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let me = std::env::current_exe().map_err(|e| e.to_string())?;
+        let node = |name: &str, ns: &Netns, spec: String| {
+            NsProcess::spawn(
+                name,
+                &ns.name,
+                &me,
+                &[],
+                &[("BENCH_RELAY".to_owned(), spec)],
+                dir.path().join(format!("{name}.log")),
+            )
+        };
+        let mut b = node("relay-b", &topo.ns_b, "in".into())?;
+        let mut a = node("relay-a", &topo.ns_a, format!("out:{s}"))?;
+        b.wait_log(relay::LISTENING, Duration::from_secs(30))
+            .await?;
+        a.wait_log(relay::LISTENING, Duration::from_secs(30))
+            .await?;
+        Ok(Self {
+            a,
+            b,
+            topo,
+            _dir: dir,
+        })
+    }
+}
+
+/// This process as one node of the relay pair (`BENCH_RELAY`: `in`, or `out:<node B's IPv4 address>`).
+pub(crate) async fn run_relay(spec: &str) {
+    let served = match spec.strip_prefix("out:") {
+        Some(peer) => relay::outbound(peer.parse().expect("BENCH_RELAY out:<IPv4>")).await,
+        None => relay::inbound().await,
+    };
+    if let Err(e) = served {
+        eprintln!("relay {spec}: {e}");
+        std::process::exit(1);
+    }
+}
+
+impl Running {
+    /// The last lines of both proxies' logs (to show why a path failed).
+    pub(crate) fn log_tails(&self) -> String {
+        let (a, b) = match self {
+            Running::Weft(m) => (m.a.log_tail(20), m.b.log_tail(20)),
+            Running::Ztunnel(z) => (z.a.log_tail(20), z.b.log_tail(20)),
+            Running::Relay(r) => (r.a.log_tail(20), r.b.log_tail(20)),
+        };
+        format!("node A:\n{a}\nnode B:\n{b}")
+    }
+}
+
+/// What one pair measured in one round (NaN: not measured, shown as `-`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Round {
+    pub(crate) gbps: f64,
+    /// One flow from the server to the client (a download), Gb/s.
+    pub(crate) down_gbps: f64,
+    /// Proxy CPU (A+B) per GiB, ms.
+    pub(crate) cpu_gib_ms: f64,
+    /// The machine's idle share (all cores) during the bulk transfer, %: how far the one-flow case is from
+    /// being bound by CPU (a pipeline that waits on itself leaves cores idle however cheap each stage is).
+    pub(crate) bulk_idle: f64,
+    pub(crate) cps: f64,
+    pub(crate) failed: u64,
+    /// Proxy CPU (A+B) per connection, µs.
+    pub(crate) cpu_conn_us: f64,
+    pub(crate) p50: f64,
+    pub(crate) p99: f64,
+    /// New connection: connect to first byte back, µs.
+    pub(crate) setup50: f64,
+    pub(crate) setup99: f64,
+}
+
+impl Default for Round {
+    fn default() -> Self {
+        Self {
+            gbps: f64::NAN,
+            down_gbps: f64::NAN,
+            cpu_gib_ms: f64::NAN,
+            bulk_idle: f64::NAN,
+            cps: f64::NAN,
+            failed: 0,
+            cpu_conn_us: f64::NAN,
+            p50: f64::NAN,
+            p99: f64::NAN,
+            setup50: f64::NAN,
+            setup99: f64::NAN,
+        }
+    }
+}
+
+impl Pair {
+    pub(crate) fn ns(&self) -> Netns {
+        Netns::existing(&self.ns_a)
+    }
+
+    /// CPU time (ns) both proxies have used so far; NaN for the direct path (no proxy, the figure does not apply).
+    pub(crate) fn cpu(&self) -> f64 {
+        if self.pids == (None, None) {
+            return f64::NAN;
+        }
+        (cpu_ns(self.pids.0) + cpu_ns(self.pids.1)) as f64
+    }
+
+    /// Run `f`'s future in node A's namespace, on its own thread.
+    pub(crate) fn in_a<F, Fut, T>(&self, f: F) -> T
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = T>,
+        T: Send + 'static,
+    {
+        self.ns().run(f).join().expect("bench thread").unwrap()
+    }
+
+    pub(crate) fn round(&self, z: Sizes) -> Round {
+        let (ip, bypass) = (self.server_ip, self.bypass);
+        let mut r = Round::default();
+        if part("bulk") {
+            let c0 = self.cpu();
+            let t0 = machine_ticks();
+            r.gbps = self.in_a(move || bulk(SocketAddr::from((ip, SINK)), bypass, z.mib << 20));
+            r.cpu_gib_ms = (self.cpu() - c0) / 1e6 / (z.mib as f64 / 1024.0);
+            r.bulk_idle = idle_percent(t0, machine_ticks());
+            r.down_gbps =
+                self.in_a(move || bulk_down(SocketAddr::from((ip, SOURCE)), bypass, z.mib << 20));
+        }
+        if part("cps") {
+            let c0 = self.cpu();
+            let (ok, failed, secs) = self
+                .in_a(move || conn_rate(SocketAddr::from((ip, CLOSE)), bypass, z.window, z.conc));
+            r.cps = ok as f64 / secs;
+            r.failed = failed;
+            r.cpu_conn_us = (self.cpu() - c0) / 1e3 / ok.max(1) as f64;
+        }
+        if part("lat") {
+            (r.p50, r.p99) =
+                self.in_a(move || latency(SocketAddr::from((ip, RR)), bypass, z.lat_n));
+            let n = (z.lat_n / 10).max(10);
+            (r.setup50, r.setup99) =
+                self.in_a(move || setup_latency(SocketAddr::from((ip, CLOSE)), bypass, n));
+        }
+        r
+    }
+}
+
+/// Waits until `addr` accepts direct connections from inside `ns` (the servers are up).
+pub(crate) fn wait_listening(ns: &Netns, addr: SocketAddr) {
+    let ok = ns
+        .run(move || async move {
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(30) {
+                if connect(addr, true).await.is_ok() {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            false
+        })
+        .join()
+        .unwrap()
+        .unwrap();
+    assert!(ok, "servers at {addr} did not start");
+}
+
+/// Start the pairs asked for: (what keeps them up, how to measure them, their servers).
+pub(crate) async fn start_pairs(log: &str) -> (Vec<Running>, Vec<Pair>, Vec<Servers>) {
+    let (mut running, mut pairs, mut servers) = (Vec::new(), Vec::new(), Vec::new());
+    let base = std::env::var_os("WEFT_BASE_BIN").map(std::path::PathBuf::from);
+    for (name, tag, subnet, plugins) in [
+        ("weft", "m", 9u8, true),
+        ("weft-pol", "p", 13, true),
+        ("weft-np", "n", 10, false),
+        ("weft-base", "o", 12, true),
+    ] {
+        if !wanted(name) {
+            continue;
+        }
+        let (c, s) = (
+            Ipv4Addr::new(10, 248, subnet, 1),
+            Ipv4Addr::new(10, 248, subnet, 2),
+        );
+        let mut layout = Layout::new(c, s, 24);
+        // What ships: weft's own log buffering (and the flag is unknown to an older baseline build).
+        layout.sync_logs = false;
+        if name == "weft-base" {
+            let Some(bin) = &base else {
+                continue;
+            };
+            layout.weft_bin = Some(bin.clone());
+        }
+        if !plugins {
+            layout.flags_a = vec!["--default-plugins".into(), "false".into()];
+            layout.flags_b = layout.flags_a.clone();
+        }
+        let mut config = yaml(c, s);
+        if name == "weft-pol"
+            || (name == "weft-base"
+                && std::env::var_os("BENCH_BASE_POLICY").is_some_and(|v| v == "1"))
+        {
+            config.push_str(POLICY_NEVER_MATCHING);
+        }
+        let mesh = NetMesh::start_with(tag, &layout, &config, log)
+            .await
+            .expect("network namespaces (needs root) and a weft build");
+        pairs.push(Pair {
+            name,
+            ns_a: mesh.ns_a.name.clone(),
+            server_ip: s,
+            bypass: false,
+            pids: (mesh.a.pid(), mesh.b.pid()),
+            running: Some(running.len()),
+        });
+        servers.push(Servers::spawn(&mesh.ns_b.name, s));
+        running.push(Running::Weft(Box::new(mesh)));
+    }
+    match ztunnel_binary() {
+        Ok(bin) if wanted("ztunnel") => {
+            let z = ZtunnelMesh::start("z", 11, &bin, log, &[])
+                .await
+                .expect("the ztunnel pair (ZTUNNEL_BIN is set)");
+            let s = z.topo.server_ip;
+            pairs.push(Pair {
+                name: "ztunnel",
+                ns_a: z.topo.ns_a.name.clone(),
+                server_ip: s,
+                bypass: false,
+                pids: (z.a.pid(), z.b.pid()),
+                running: Some(running.len()),
+            });
+            servers.push(Servers::spawn(&z.topo.ns_b.name, s));
+            running.push(Running::Ztunnel(Box::new(z)));
+        }
+        Ok(_) => println!("ztunnel pair skipped: not in BENCH_PAIRS"),
+        Err(why) => println!("ztunnel pair skipped: {why}"),
+    }
+    if wanted("relay") {
+        let r = RelayPair::start("r", 14)
+            .await
+            .expect("the relay pair (network namespaces need root)");
+        pairs.push(Pair {
+            name: "relay",
+            ns_a: r.topo.ns_a.name.clone(),
+            server_ip: r.topo.server_ip,
+            bypass: false,
+            pids: (r.a.pid(), r.b.pid()),
+            running: Some(running.len()),
+        });
+        servers.push(Servers::spawn(&r.topo.ns_b.name, r.topo.server_ip));
+        running.push(Running::Relay(Box::new(r)));
+    }
+    // Direct: the first pair's namespaces with the capture skipped.
+    if wanted("direct")
+        && let Some(first) = pairs.first()
+    {
+        let direct = Pair {
+            name: "direct",
+            ns_a: first.ns_a.clone(),
+            server_ip: first.server_ip,
+            bypass: true,
+            pids: (None, None),
+            running: None,
+        };
+        pairs.push(direct);
+    }
+    (running, pairs, servers)
+}
