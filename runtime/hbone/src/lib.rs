@@ -63,20 +63,16 @@ pub mod error;
 mod keepalive;
 pub mod pool;
 mod preface;
-mod readahead;
 pub mod server;
 pub mod stream;
-pub mod tls;
 
 pub use client::{ConnectRequest, EarlyData, H2Client, handshake};
 pub use config::H2Config;
 pub use counter::{StreamCounter, StreamDropGuard};
 pub use error::{Error, SharedError};
 pub use pool::{Pool, PoolConfig};
-pub use readahead::{READ_AHEAD, ReadAhead};
 pub use server::{InboundRequest, parse_authority, serve_connection};
 pub use stream::{H2RecvHalf, H2SendHalf, H2Stream};
-pub use tls::TLS_SEND_BUFFER;
 
 /// The HBONE port, as used by ztunnel.
 pub const HBONE_PORT: u16 = 15008;

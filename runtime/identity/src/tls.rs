@@ -98,6 +98,8 @@ pub(crate) fn server_config(cert: &WorkloadCert) -> Result<rustls::ServerConfig,
     cfg.alpn_protocols = vec![ALPN_H2.to_vec()];
     cfg.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
     cfg.send_tls13_tickets = 0;
+    // weft-tls takes the session over after the handshake (its own record layer).
+    cfg.enable_secret_extraction = true;
     Ok(cfg)
 }
 
@@ -120,6 +122,8 @@ pub(crate) fn client_config(
     cfg.alpn_protocols = vec![ALPN_H2.to_vec()];
     cfg.enable_sni = false;
     cfg.resumption = rustls::client::Resumption::disabled();
+    // weft-tls takes the session over after the handshake (its own record layer).
+    cfg.enable_secret_extraction = true;
     Ok(cfg)
 }
 

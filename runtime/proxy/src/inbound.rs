@@ -71,10 +71,8 @@ impl Inner {
                 return;
             }
         };
-        // rustls reads 4 KiB at a time: one socket read serves several (see `ReadAhead`).
-        let accept =
-            tokio_rustls::TlsAcceptor::from(server_cfg).accept(weft_hbone::ReadAhead::new(tcp));
-        let mut tls = match tokio::time::timeout(self.cfg.connect_timeout, accept).await {
+        let accept = weft_tls::accept(server_cfg, tcp);
+        let tls = match tokio::time::timeout(self.cfg.connect_timeout, accept).await {
             Ok(Ok(t)) => t,
             Ok(Err(e)) => {
                 self.metrics.fail("inbound", "tls");
@@ -87,12 +85,7 @@ impl Inner {
                 return;
             }
         };
-        tls.get_mut()
-            .1
-            .set_buffer_limit(Some(weft_hbone::TLS_SEND_BUFFER));
         let peer_id = match tls
-            .get_ref()
-            .1
             .peer_certificates()
             .and_then(|c| c.first())
             .map(weft_identity::tls::identity_of)

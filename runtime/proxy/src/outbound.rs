@@ -145,13 +145,13 @@ pub enum DialError {
         /// Cause.
         source: weft_identity::Error,
     },
-    /// TLS handshake (rustls errors arrive wrapped in `io::Error`).
+    /// TLS handshake.
     #[error("TLS handshake with {addr}: {source}")]
     Tls {
         /// Address dialled.
         addr: SocketAddr,
         /// Cause.
-        source: std::io::Error,
+        source: weft_tls::Error,
     },
     /// HTTP/2 handshake.
     #[error("HTTP/2 handshake with {addr}: {source}")]
@@ -465,13 +465,9 @@ impl Inner {
                     .await
                     .map_err(|source| DialError::Tcp { addr, source })?;
                 let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
-                let mut tls = tokio_rustls::TlsConnector::from(tls_cfg)
-                    .connect(name, weft_hbone::ReadAhead::new(tcp))
+                let tls = weft_tls::connect(tls_cfg, name, tcp)
                     .await
                     .map_err(|source| DialError::Tls { addr, source })?;
-                tls.get_mut()
-                    .1
-                    .set_buffer_limit(Some(weft_hbone::TLS_SEND_BUFFER));
                 weft_hbone::handshake(tls, &me.cfg.h2)
                     .await
                     .map_err(|source| DialError::H2 { addr, source })

@@ -89,13 +89,9 @@ impl InnerTunnel {
             .client_config(self.expected)
             .map_err(|source| failed(DialError::TlsConfig { addr, source }))?;
         let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
-        let mut tls = tokio_rustls::TlsConnector::from(cfg)
-            .connect(name, outer)
+        let tls = weft_tls::connect(cfg, name, outer)
             .await
             .map_err(|source| failed(DialError::Tls { addr, source }))?;
-        tls.get_mut()
-            .1
-            .set_buffer_limit(Some(weft_hbone::TLS_SEND_BUFFER));
         let client = weft_hbone::handshake(tls, h2)
             .await
             .map_err(|source| failed(DialError::H2 { addr, source }))?;

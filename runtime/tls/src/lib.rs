@@ -1,0 +1,58 @@
+//! weft-tls: TLS 1.3 sessions for HBONE. rustls runs the handshake (certificates, verification, key schedule);
+//! weft's own record layer then carries the data, sealing and opening records where the bytes already are.
+//!
+//! Why not rustls's record layer: a proxy moves every byte through TLS, and rustls's buffered API copies each byte
+//! twice more than it must. Sending, it copies plaintext into a fresh record before encrypting it in place;
+//! receiving, it reads at most 4 KiB per call into its own buffer, decrypts there, copies each record's plaintext
+//! into a queue and from the queue into the caller's buffer. A profile of a one-flow transfer through two weft
+//! nodes had those copies at 9.5 % of the nodes' samples, next to AES-GCM's 12.5 %. Here a record is sealed from
+//! the caller's buffer into the outgoing one by the AEAD itself (aws-lc's out-of-place seal), and a received record
+//! is opened in the buffer it was read into and copied once, into the caller's.
+//!
+//! rustls stays in charge of everything that is not record protection: the handshake runs on its unbuffered API
+//! (`UnbufferedClientConnection`, `UnbufferedServerConnection`), and after it the session is turned into rustls's
+//! [`KernelConnection`](rustls::kernel::KernelConnection) (the interface rustls offers for kernel TLS), which
+//! derives the next keys for `KeyUpdate` and takes session tickets. What this crate implements is RFC 8446 §5 and
+//! the post-handshake messages: record framing and limits, nonces, inner content types and padding, alerts
+//! (`close_notify` ends the read side; any other is fatal and a protocol error sends one), `KeyUpdate` in both
+//! directions (answering a peer's request, and updating our own key before the suite's confidentiality limit), and
+//! `NewSessionTicket`. Only TLS 1.3 with AES-GCM is spoken (weft's provider offers nothing else).
+//!
+//! The configuration must allow the secret extraction this needs (`enable_secret_extraction = true` on the rustls
+//! client or server config); rustls refuses the hand-over otherwise, and the error says so.
+
+mod error;
+mod handshake;
+mod record;
+mod stream;
+
+use std::sync::Arc;
+
+use rustls::client::UnbufferedClientConnection;
+use rustls::pki_types::ServerName;
+use rustls::server::UnbufferedServerConnection;
+use rustls::{ClientConfig, ServerConfig};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+pub use error::Error;
+pub use stream::{FIRST_READ, READ_AHEAD, SEND_BUFFER, TlsStream};
+
+/// Open a TLS 1.3 session to `name` over `io` as a client. The caller bounds the time it may take.
+pub async fn connect<IO>(config: Arc<ClientConfig>, name: ServerName<'static>, mut io: IO) -> Result<TlsStream<IO>, Error>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    let conn = UnbufferedClientConnection::new(config, name)?;
+    let done = handshake::drive(conn, &mut io).await?;
+    TlsStream::new(io, done)
+}
+
+/// Accept a TLS 1.3 session over `io` as a server. The caller bounds the time it may take.
+pub async fn accept<IO>(config: Arc<ServerConfig>, mut io: IO) -> Result<TlsStream<IO>, Error>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    let conn = UnbufferedServerConnection::new(config)?;
+    let done = handshake::drive(conn, &mut io).await?;
+    TlsStream::new(io, done)
+}

@@ -1,0 +1,199 @@
+//! TLS 1.3 record protection (RFC 8446 §5): one direction's key, IV and sequence number, sealing plaintext
+//! straight from the caller's buffer into the outgoing one and opening records where they were read.
+
+use aws_lc_rs::aead::{AES_128_GCM, AES_256_GCM, Aad, Algorithm, LessSafeKey, Nonce, UnboundKey};
+use rustls::ConnectionTrafficSecrets;
+
+use crate::Error;
+
+/// Bytes of a record header: content type, legacy version, length.
+pub(crate) const HEADER_LEN: usize = 5;
+/// Largest plaintext one record carries (2^14, RFC 8446 §5.1).
+pub(crate) const MAX_PLAINTEXT: usize = 16 * 1024;
+/// Largest `TLSCiphertext.length` a peer may send (2^14 + 256, RFC 8446 §5.2).
+pub(crate) const MAX_CIPHERTEXT: usize = MAX_PLAINTEXT + 256;
+/// AES-GCM's tag.
+pub(crate) const TAG_LEN: usize = 16;
+/// A record carrying `n` bytes of application data: header, data, inner content type, tag.
+pub(crate) const fn record_len(n: usize) -> usize {
+    HEADER_LEN + n + 1 + TAG_LEN
+}
+
+/// The content types a protected record can carry (RFC 8446 §5.1).
+pub(crate) const ALERT: u8 = 21;
+pub(crate) const HANDSHAKE: u8 = 22;
+pub(crate) const APPLICATION_DATA: u8 = 23;
+
+/// The sequence number at which a direction's key must be replaced: the suite's confidentiality limit (2^24
+/// records for AES-GCM in rustls) or rustls's own soft limit, whichever comes first.
+pub(crate) fn seq_limit(confidentiality_limit: u64) -> u64 {
+    confidentiality_limit.min(0xffff_ffff_ffff_0000)
+}
+
+/// One direction's traffic protection.
+pub(crate) struct Keys {
+    key: LessSafeKey,
+    iv: [u8; 12],
+    /// Sequence number of the next record.
+    pub(crate) seq: u64,
+}
+
+impl std::fmt::Debug for Keys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keys")
+            .field("algorithm", self.key.algorithm())
+            .field("seq", &self.seq)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Keys {
+    /// Keys for the secrets rustls derived, starting at record `seq`.
+    pub(crate) fn new(seq: u64, secrets: ConnectionTrafficSecrets) -> Result<Self, Error> {
+        let (alg, key, iv): (&'static Algorithm, _, _) = match &secrets {
+            ConnectionTrafficSecrets::Aes128Gcm { key, iv } => (&AES_128_GCM, key, iv),
+            ConnectionTrafficSecrets::Aes256Gcm { key, iv } => (&AES_256_GCM, key, iv),
+            _ => return Err(Error::UnsupportedSuite),
+        };
+        let key = UnboundKey::new(alg, key.as_ref()).map_err(|_| Error::UnsupportedSuite)?;
+        let iv: [u8; 12] = iv.as_ref().try_into().map_err(|_| Error::UnsupportedSuite)?;
+        Ok(Self {
+            key: LessSafeKey::new(key),
+            iv,
+            seq,
+        })
+    }
+
+    /// The per-record nonce: the IV with the sequence number XORed into its last 8 bytes (RFC 8446 §5.3).
+    fn nonce(&self) -> Nonce {
+        let mut n = self.iv;
+        for (b, s) in n[4..].iter_mut().zip(self.seq.to_be_bytes()) {
+            *b ^= s;
+        }
+        Nonce::assume_unique_for_key(n)
+    }
+
+    /// Seal `data` as one record of `content_type` into `out`, which must be exactly
+    /// [`record_len`]`(data.len())` bytes; `data` is read where it is, never copied.
+    pub(crate) fn seal(&mut self, content_type: u8, data: &[u8], out: &mut [u8]) -> Result<(), Error> {
+        debug_assert!(data.len() <= MAX_PLAINTEXT);
+        debug_assert_eq!(out.len(), record_len(data.len()));
+        let header = header(out.len() - HEADER_LEN);
+        let (head, body) = out.split_at_mut(HEADER_LEN);
+        head.copy_from_slice(&header);
+        let (ciphertext, trailer) = body.split_at_mut(data.len());
+        self.key
+            .seal_out_of_place_scatter(
+                self.nonce(),
+                Aad::from(header),
+                data,
+                ciphertext,
+                &[content_type],
+                trailer,
+            )
+            .map_err(|_| Error::Crypto)?;
+        self.seq += 1;
+        Ok(())
+    }
+
+    /// Open the record whose header is `header` and whose body (`TLSCiphertext.encrypted_record`) is `body`, in
+    /// place. Returns the inner content type and the length of its content, which starts at `body[0]`.
+    pub(crate) fn open(&mut self, header: [u8; HEADER_LEN], body: &mut [u8]) -> Result<(u8, usize), Error> {
+        let plain = self
+            .key
+            .open_in_place(self.nonce(), Aad::from(header), body)
+            .map_err(|_| Error::BadRecordMac)?;
+        self.seq += 1;
+        // TLSInnerPlaintext: content, then the content type, then zero padding.
+        match plain.iter().rposition(|&b| b != 0) {
+            Some(at) if at <= MAX_PLAINTEXT => Ok((plain[at], at)),
+            Some(_) => Err(Error::RecordOverflow),
+            None => Err(Error::UnexpectedMessage("a record with no content type")),
+        }
+    }
+}
+
+/// The header of a protected record whose body is `len` bytes: always "application data, TLS 1.2" on the wire.
+pub(crate) fn header(len: usize) -> [u8; HEADER_LEN] {
+    let [hi, lo] = u16::try_from(len).unwrap_or(u16::MAX).to_be_bytes();
+    [APPLICATION_DATA, 0x03, 0x03, hi, lo]
+}
+
+/// The body length a received header announces, checked: only protected records may follow the handshake.
+pub(crate) fn parse_header(h: [u8; HEADER_LEN]) -> Result<usize, Error> {
+    if h[0] != APPLICATION_DATA {
+        return Err(Error::UnexpectedMessage("a record that is not protected"));
+    }
+    let len = usize::from(u16::from_be_bytes([h[3], h[4]]));
+    if len > MAX_CIPHERTEXT {
+        return Err(Error::RecordOverflow);
+    }
+    if len < TAG_LEN + 1 {
+        return Err(Error::BadRecordMac);
+    }
+    Ok(len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::crypto::cipher::{AeadKey, Iv};
+
+    fn keys(seq: u64) -> Keys {
+        let secrets = ConnectionTrafficSecrets::Aes256Gcm {
+            key: AeadKey::from([7u8; 32]),
+            iv: Iv::from([9u8; 12]),
+        };
+        Keys::new(seq, secrets).unwrap()
+    }
+
+    #[test]
+    fn a_sealed_record_opens_with_its_content_type_and_advances_both_sequences() {
+        let (mut tx, mut rx) = (keys(5), keys(5));
+        let data = b"hello over hbone";
+        let mut rec = vec![0u8; record_len(data.len())];
+        tx.seal(APPLICATION_DATA, data, &mut rec).unwrap();
+        assert_eq!(tx.seq, 6);
+        let h: [u8; HEADER_LEN] = rec[..HEADER_LEN].try_into().unwrap();
+        assert_eq!(parse_header(h).unwrap(), rec.len() - HEADER_LEN);
+        assert_ne!(&rec[HEADER_LEN..HEADER_LEN + data.len()], data);
+        let (ct, n) = rx.open(h, &mut rec[HEADER_LEN..]).unwrap();
+        assert_eq!((ct, &rec[HEADER_LEN..HEADER_LEN + n]), (APPLICATION_DATA, &data[..]));
+        assert_eq!(rx.seq, 6);
+    }
+
+    #[test]
+    fn a_record_opened_at_another_sequence_or_altered_fails() {
+        let mut tx = keys(0);
+        let mut rec = vec![0u8; record_len(3)];
+        tx.seal(HANDSHAKE, b"abc", &mut rec).unwrap();
+        let h: [u8; HEADER_LEN] = rec[..HEADER_LEN].try_into().unwrap();
+        let mut wrong_seq = rec.clone();
+        assert!(matches!(keys(1).open(h, &mut wrong_seq[HEADER_LEN..]), Err(Error::BadRecordMac)));
+        let mut flipped = rec.clone();
+        flipped[HEADER_LEN] ^= 1;
+        assert!(matches!(keys(0).open(h, &mut flipped[HEADER_LEN..]), Err(Error::BadRecordMac)));
+        let mut other_header = h;
+        other_header[4] ^= 1;
+        assert!(matches!(keys(0).open(other_header, &mut rec[HEADER_LEN..]), Err(Error::BadRecordMac)));
+    }
+
+    #[test]
+    fn headers_that_cannot_start_a_protected_record_are_refused() {
+        assert!(matches!(parse_header([22, 3, 3, 0, 40]), Err(Error::UnexpectedMessage(_))));
+        let [hi, lo] = u16::try_from(MAX_CIPHERTEXT + 1).unwrap().to_be_bytes();
+        assert!(matches!(parse_header([23, 3, 3, hi, lo]), Err(Error::RecordOverflow)));
+        assert!(matches!(parse_header([23, 3, 3, 0, 16]), Err(Error::BadRecordMac)));
+    }
+
+    #[test]
+    fn padding_and_an_empty_inner_plaintext_are_told_apart() {
+        // A record whose inner plaintext is all zeros has no content type: a protocol error.
+        let mut tx = keys(0);
+        let mut rec = vec![0u8; record_len(0)];
+        // Seal "no content" with content type 0 to build such a record.
+        tx.seal(0, &[], &mut rec).unwrap();
+        let h: [u8; HEADER_LEN] = rec[..HEADER_LEN].try_into().unwrap();
+        assert!(matches!(keys(0).open(h, &mut rec[HEADER_LEN..]), Err(Error::UnexpectedMessage(_))));
+    }
+}
