@@ -8,7 +8,8 @@ use rustls::kernel::KernelConnection;
 use rustls::pki_types::CertificateDer;
 use rustls::server::{ServerConnectionData, UnbufferedServerConnection};
 use rustls::unbuffered::{
-    ConnectionState, EncodeError, InsufficientSizeError, UnbufferedConnectionCommon, UnbufferedStatus,
+    ConnectionState, EncodeError, InsufficientSizeError, UnbufferedConnectionCommon,
+    UnbufferedStatus,
 };
 use rustls::{ConnectionTrafficSecrets, ExtractedSecrets, SupportedCipherSuite};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -70,15 +71,23 @@ pub(crate) struct Established {
 }
 
 /// One side of the handshake: rustls's client and server connections behind one interface.
-pub(crate) trait Side: DerefMut<Target = UnbufferedConnectionCommon<Self::Data>> + Sized {
+pub(crate) trait Side:
+    DerefMut<Target = UnbufferedConnectionCommon<Self::Data>> + Sized
+{
     type Data;
-    fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data>;
+    fn process<'c, 'i>(
+        &'c mut self,
+        incoming: &'i mut [u8],
+    ) -> UnbufferedStatus<'c, 'i, Self::Data>;
     fn into_kernel(self) -> Result<(ExtractedSecrets, Kernel), rustls::Error>;
 }
 
 impl Side for UnbufferedClientConnection {
     type Data = ClientConnectionData;
-    fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data> {
+    fn process<'c, 'i>(
+        &'c mut self,
+        incoming: &'i mut [u8],
+    ) -> UnbufferedStatus<'c, 'i, Self::Data> {
         self.process_tls_records(incoming)
     }
     fn into_kernel(self) -> Result<(ExtractedSecrets, Kernel), rustls::Error> {
@@ -89,7 +98,10 @@ impl Side for UnbufferedClientConnection {
 
 impl Side for UnbufferedServerConnection {
     type Data = ServerConnectionData;
-    fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data> {
+    fn process<'c, 'i>(
+        &'c mut self,
+        incoming: &'i mut [u8],
+    ) -> UnbufferedStatus<'c, 'i, Self::Data> {
         self.process_tls_records(incoming)
     }
     fn into_kernel(self) -> Result<(ExtractedSecrets, Kernel), rustls::Error> {
@@ -154,7 +166,9 @@ where
                 }
                 Next::Continue
             }
-            Ok(ConnectionState::PeerClosed | ConnectionState::Closed) => return Err(Error::HandshakeEof),
+            Ok(ConnectionState::PeerClosed | ConnectionState::Closed) => {
+                return Err(Error::HandshakeEof);
+            }
             Ok(_) => return Err(Error::UnexpectedMessage("early data during the handshake")),
         };
         incoming.copy_within(discard..filled, 0);
@@ -172,7 +186,9 @@ where
         }
         if filled == incoming.len() {
             if incoming.len() >= HANDSHAKE_BUF_MAX {
-                return Err(Error::UnexpectedMessage("a handshake record larger than TLS allows"));
+                return Err(Error::UnexpectedMessage(
+                    "a handshake record larger than TLS allows",
+                ));
             }
             incoming.resize(incoming.len() * 2, 0);
         }
@@ -206,7 +222,11 @@ where
 
 /// After rustls refused the handshake, send the alert it queued (if any), so the peer learns why. Best effort: the
 /// connection is being abandoned either way. `incoming` is what is still buffered (rustls may refer to it).
-async fn send_alert<C: Side, IO: AsyncWrite + Unpin>(conn: &mut C, io: &mut IO, incoming: &mut [u8]) {
+async fn send_alert<C: Side, IO: AsyncWrite + Unpin>(
+    conn: &mut C,
+    io: &mut IO,
+    incoming: &mut [u8],
+) {
     let mut out = vec![0u8; 512];
     let mut queued = 0;
     // Only while rustls has records queued: with none, processing would go back to the record it refused.

@@ -38,7 +38,11 @@ pub use error::Error;
 pub use stream::{FIRST_READ, READ_AHEAD, SEND_BUFFER, TlsStream};
 
 /// Open a TLS 1.3 session to `name` over `io` as a client. The caller bounds the time it may take.
-pub async fn connect<IO>(config: Arc<ClientConfig>, name: ServerName<'static>, mut io: IO) -> Result<TlsStream<IO>, Error>
+pub async fn connect<IO>(
+    config: Arc<ClientConfig>,
+    name: ServerName<'static>,
+    mut io: IO,
+) -> Result<TlsStream<IO>, Error>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
 {

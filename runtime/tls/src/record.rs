@@ -56,7 +56,10 @@ impl Keys {
             _ => return Err(Error::UnsupportedSuite),
         };
         let key = UnboundKey::new(alg, key.as_ref()).map_err(|_| Error::UnsupportedSuite)?;
-        let iv: [u8; 12] = iv.as_ref().try_into().map_err(|_| Error::UnsupportedSuite)?;
+        let iv: [u8; 12] = iv
+            .as_ref()
+            .try_into()
+            .map_err(|_| Error::UnsupportedSuite)?;
         Ok(Self {
             key: LessSafeKey::new(key),
             iv,
@@ -75,7 +78,12 @@ impl Keys {
 
     /// Seal `data` as one record of `content_type` into `out`, which must be exactly
     /// [`record_len`]`(data.len())` bytes; `data` is read where it is, never copied.
-    pub(crate) fn seal(&mut self, content_type: u8, data: &[u8], out: &mut [u8]) -> Result<(), Error> {
+    pub(crate) fn seal(
+        &mut self,
+        content_type: u8,
+        data: &[u8],
+        out: &mut [u8],
+    ) -> Result<(), Error> {
         debug_assert!(data.len() <= MAX_PLAINTEXT);
         debug_assert_eq!(out.len(), record_len(data.len()));
         let header = header(out.len() - HEADER_LEN);
@@ -98,7 +106,11 @@ impl Keys {
 
     /// Open the record whose header is `header` and whose body (`TLSCiphertext.encrypted_record`) is `body`, in
     /// place. Returns the inner content type and the length of its content, which starts at `body[0]`.
-    pub(crate) fn open(&mut self, header: [u8; HEADER_LEN], body: &mut [u8]) -> Result<(u8, usize), Error> {
+    pub(crate) fn open(
+        &mut self,
+        header: [u8; HEADER_LEN],
+        body: &mut [u8],
+    ) -> Result<(u8, usize), Error> {
         let plain = self
             .key
             .open_in_place(self.nonce(), Aad::from(header), body)
@@ -135,6 +147,7 @@ pub(crate) fn parse_header(h: [u8; HEADER_LEN]) -> Result<usize, Error> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // a test panics to fail
 mod tests {
     use super::*;
     use rustls::crypto::cipher::{AeadKey, Iv};
@@ -158,7 +171,10 @@ mod tests {
         assert_eq!(parse_header(h).unwrap(), rec.len() - HEADER_LEN);
         assert_ne!(&rec[HEADER_LEN..HEADER_LEN + data.len()], data);
         let (ct, n) = rx.open(h, &mut rec[HEADER_LEN..]).unwrap();
-        assert_eq!((ct, &rec[HEADER_LEN..HEADER_LEN + n]), (APPLICATION_DATA, &data[..]));
+        assert_eq!(
+            (ct, &rec[HEADER_LEN..HEADER_LEN + n]),
+            (APPLICATION_DATA, &data[..])
+        );
         assert_eq!(rx.seq, 6);
     }
 
@@ -169,21 +185,39 @@ mod tests {
         tx.seal(HANDSHAKE, b"abc", &mut rec).unwrap();
         let h: [u8; HEADER_LEN] = rec[..HEADER_LEN].try_into().unwrap();
         let mut wrong_seq = rec.clone();
-        assert!(matches!(keys(1).open(h, &mut wrong_seq[HEADER_LEN..]), Err(Error::BadRecordMac)));
+        assert!(matches!(
+            keys(1).open(h, &mut wrong_seq[HEADER_LEN..]),
+            Err(Error::BadRecordMac)
+        ));
         let mut flipped = rec.clone();
         flipped[HEADER_LEN] ^= 1;
-        assert!(matches!(keys(0).open(h, &mut flipped[HEADER_LEN..]), Err(Error::BadRecordMac)));
+        assert!(matches!(
+            keys(0).open(h, &mut flipped[HEADER_LEN..]),
+            Err(Error::BadRecordMac)
+        ));
         let mut other_header = h;
         other_header[4] ^= 1;
-        assert!(matches!(keys(0).open(other_header, &mut rec[HEADER_LEN..]), Err(Error::BadRecordMac)));
+        assert!(matches!(
+            keys(0).open(other_header, &mut rec[HEADER_LEN..]),
+            Err(Error::BadRecordMac)
+        ));
     }
 
     #[test]
     fn headers_that_cannot_start_a_protected_record_are_refused() {
-        assert!(matches!(parse_header([22, 3, 3, 0, 40]), Err(Error::UnexpectedMessage(_))));
+        assert!(matches!(
+            parse_header([22, 3, 3, 0, 40]),
+            Err(Error::UnexpectedMessage(_))
+        ));
         let [hi, lo] = u16::try_from(MAX_CIPHERTEXT + 1).unwrap().to_be_bytes();
-        assert!(matches!(parse_header([23, 3, 3, hi, lo]), Err(Error::RecordOverflow)));
-        assert!(matches!(parse_header([23, 3, 3, 0, 16]), Err(Error::BadRecordMac)));
+        assert!(matches!(
+            parse_header([23, 3, 3, hi, lo]),
+            Err(Error::RecordOverflow)
+        ));
+        assert!(matches!(
+            parse_header([23, 3, 3, 0, 16]),
+            Err(Error::BadRecordMac)
+        ));
     }
 
     #[test]
@@ -194,6 +228,9 @@ mod tests {
         // Seal "no content" with content type 0 to build such a record.
         tx.seal(0, &[], &mut rec).unwrap();
         let h: [u8; HEADER_LEN] = rec[..HEADER_LEN].try_into().unwrap();
-        assert!(matches!(keys(0).open(h, &mut rec[HEADER_LEN..]), Err(Error::UnexpectedMessage(_))));
+        assert!(matches!(
+            keys(0).open(h, &mut rec[HEADER_LEN..]),
+            Err(Error::UnexpectedMessage(_))
+        ));
     }
 }

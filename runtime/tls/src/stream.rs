@@ -22,7 +22,8 @@ use tokio_util::io::poll_read_buf;
 use crate::Error;
 use crate::handshake::{Established, Kernel};
 use crate::record::{
-    ALERT, APPLICATION_DATA, HANDSHAKE, HEADER_LEN, Keys, MAX_PLAINTEXT, parse_header, record_len, seq_limit,
+    ALERT, APPLICATION_DATA, HANDSHAKE, HEADER_LEN, Keys, MAX_PLAINTEXT, parse_header, record_len,
+    seq_limit,
 };
 
 /// Bytes asked of the transport by one read once reads fill what they are offered (a bulk transfer); the first
@@ -40,6 +41,8 @@ pub const SEND_BUFFER: usize = 256 * 1024;
 const CHUNK: usize = 4 * record_len(MAX_PLAINTEXT);
 /// Output chunks kept for reuse while a connection moves bulk data.
 const SPARE_CHUNKS: usize = SEND_BUFFER / CHUNK + 2;
+/// Flushes in a row that wrote less than a chunk before a stream that moved bulk data gives its buffers back.
+const QUIET_FLUSHES: u32 = 4;
 /// A write smaller than this gets an output buffer of its own size instead of a chunk.
 const SMALL_WRITE: usize = 4096;
 /// Post-handshake handshake bytes buffered while a message is incomplete.
@@ -97,7 +100,8 @@ pub struct TlsStream<IO> {
     early: BytesMut,
     /// Post-handshake handshake messages not yet complete.
     hs: Vec<u8>,
-    /// The last read filled all it was offered: the next buffer is [`READ_AHEAD`] bytes.
+    /// The last read filled all it was offered or brought at least [`FIRST_READ`] bytes: the connection is
+    /// moving bulk data, reads ask for [`READ_AHEAD`] bytes and the buffer is kept when drained.
     read_ahead: bool,
     read_closed: bool,
     read_error: Option<Sticky>,
@@ -109,6 +113,9 @@ pub struct TlsStream<IO> {
     queued: usize,
     /// Bytes written since `out` was last empty.
     burst: usize,
+    /// Times in a row `out` was emptied after writing less than a chunk: after [`QUIET_FLUSHES`], the output
+    /// buffers are given back.
+    quiet_flushes: u32,
     gather: Vec<u8>,
     /// A `KeyUpdate` to send before the next record: `Some(true)` also asks the peer to update.
     key_update: Option<bool>,
@@ -168,6 +175,7 @@ impl<IO> TlsStream<IO> {
             spare: Vec::new(),
             queued: 0,
             burst: 0,
+            quiet_flushes: 0,
             gather: Vec::new(),
             key_update: None,
             write_closed: false,
@@ -247,8 +255,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
 
     fn consume(&mut self, n: usize) {
         self.rbuf.advance(n);
-        if self.rbuf.is_empty() {
-            // Give the buffer back: a quiet connection holds none.
+        if self.rbuf.is_empty() && !self.read_ahead {
+            // Give the buffer back: a quiet connection holds none. (A busy one keeps it: its next read reuses it.)
             self.rbuf = BytesMut::new();
         }
     }
@@ -266,7 +274,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
         };
         let (content_type, n) = self.rx.open(header, body)?;
         if content_type != HANDSHAKE && !self.hs.is_empty() {
-            return Err(Error::UnexpectedMessage("a record inside a fragmented handshake message"));
+            return Err(Error::UnexpectedMessage(
+                "a record inside a fragmented handshake message",
+            ));
         }
         match content_type {
             APPLICATION_DATA => {
@@ -286,9 +296,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
                     return Err(Error::UnexpectedMessage("an empty handshake record"));
                 }
                 if self.hs.len() + n > MAX_HANDSHAKE_BYTES {
-                    return Err(Error::UnexpectedMessage("a post-handshake message too large"));
+                    return Err(Error::UnexpectedMessage(
+                        "a post-handshake message too large",
+                    ));
                 }
-                self.hs.extend_from_slice(&self.rbuf[HEADER_LEN..HEADER_LEN + n]);
+                self.hs
+                    .extend_from_slice(&self.rbuf[HEADER_LEN..HEADER_LEN + n]);
                 self.consume(end);
                 self.handle_handshake()?;
             }
@@ -302,7 +315,11 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
                     Some(d) => return Err(Error::PeerAlert(d)),
                 }
             }
-            _ => return Err(Error::UnexpectedMessage("a record of an unknown content type")),
+            _ => {
+                return Err(Error::UnexpectedMessage(
+                    "a record of an unknown content type",
+                ));
+            }
         }
         Ok(true)
     }
@@ -313,7 +330,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
             let len = usize::from(a) << 16 | usize::from(b) << 8 | usize::from(c);
             let Some(body) = self.hs.get(4..4 + len) else {
                 if 4 + len > MAX_HANDSHAKE_BYTES {
-                    return Err(Error::UnexpectedMessage("a post-handshake message too large"));
+                    return Err(Error::UnexpectedMessage(
+                        "a post-handshake message too large",
+                    ));
                 }
                 return Ok(());
             };
@@ -329,7 +348,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
                     };
                     if self.hs.len() != 5 {
                         // RFC 8446 §5.1: handshake messages must not span a key change.
-                        return Err(Error::UnexpectedMessage("a KeyUpdate not at the end of its record"));
+                        return Err(Error::UnexpectedMessage(
+                            "a KeyUpdate not at the end of its record",
+                        ));
                     }
                     self.key_updates_in_a_row += 1;
                     if self.key_updates_in_a_row > MAX_KEY_UPDATES_IN_A_ROW {
@@ -342,7 +363,11 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
                         self.key_update.get_or_insert(false);
                     }
                 }
-                _ => return Err(Error::UnexpectedMessage("a handshake message after the handshake")),
+                _ => {
+                    return Err(Error::UnexpectedMessage(
+                        "a handshake message after the handshake",
+                    ));
+                }
             }
             self.hs.drain(..4 + len);
         }
@@ -354,18 +379,21 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
 
     /// Read more ciphertext; 0 at the transport's end.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        let want = if self.read_ahead { READ_AHEAD } else { FIRST_READ };
-        let record_rest = self
-            .rbuf
-            .get(..HEADER_LEN)
-            .map_or(0, |h| usize::from(u16::from_be_bytes([h[3], h[4]])) + HEADER_LEN);
+        let want = if self.read_ahead {
+            READ_AHEAD
+        } else {
+            FIRST_READ
+        };
+        let record_rest = self.rbuf.get(..HEADER_LEN).map_or(0, |h| {
+            usize::from(u16::from_be_bytes([h[3], h[4]])) + HEADER_LEN
+        });
         let spare = self.rbuf.capacity() - self.rbuf.len();
         if spare < want / 4 || self.rbuf.len() + spare < record_rest {
             self.rbuf.reserve(want.max(record_rest));
         }
         let offered = self.rbuf.capacity() - self.rbuf.len();
         let n = ready!(poll_read_buf(Pin::new(&mut self.io), cx, &mut self.rbuf))?;
-        self.read_ahead = n == offered;
+        self.read_ahead = n == offered || n >= FIRST_READ;
         Poll::Ready(Ok(n))
     }
 
@@ -392,7 +420,11 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
 }
 
 impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, out: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let before = out.filled().len();
         loop {
@@ -452,12 +484,20 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
             } else {
                 vec![0u8; (hint + len + 64).min(SMALL_WRITE)]
             };
-            self.out.push_back(Chunk { buf, start: 0, end: 0 });
+            self.out.push_back(Chunk {
+                buf,
+                start: 0,
+                end: 0,
+            });
         }
         let Some(chunk) = self.out.back_mut() else {
             return Err(Error::Crypto);
         };
-        self.tx.seal(content_type, data, &mut chunk.buf[chunk.end..chunk.end + len])?;
+        self.tx.seal(
+            content_type,
+            data,
+            &mut chunk.buf[chunk.end..chunk.end + len],
+        )?;
         chunk.end += len;
         self.queued += len;
         Ok(())
@@ -525,7 +565,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
         while self.queued > 0 {
             let mut slices = [IoSlice::new(&[]); 16];
             let mut k = 0;
-            for c in self.out.iter().filter(|c| c.end > c.start).take(slices.len()) {
+            for c in self
+                .out
+                .iter()
+                .filter(|c| c.end > c.start)
+                .take(slices.len())
+            {
                 slices[k] = IoSlice::new(&c.buf[c.start..c.end]);
                 k += 1;
             }
@@ -540,7 +585,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
             self.queued -= n;
             self.burst += n;
             while n > 0 {
-                let Some(front) = self.out.front_mut() else { break };
+                let Some(front) = self.out.front_mut() else {
+                    break;
+                };
                 let step = n.min(front.end - front.start);
                 front.start += step;
                 n -= step;
@@ -552,8 +599,14 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
         while self.out.front().is_some_and(|c| c.start == c.end) {
             self.retire_front();
         }
-        if self.burst < CHUNK {
-            // The connection is not moving bulk data: keep no buffers.
+        if self.burst >= CHUNK {
+            self.quiet_flushes = 0;
+        } else if self.burst > 0 {
+            self.quiet_flushes += 1;
+        }
+        if self.quiet_flushes >= QUIET_FLUSHES || self.spare.is_empty() && self.quiet_flushes > 0 {
+            // The connection is not moving bulk data (the end of one DATA frame alone is not enough to say so):
+            // keep no buffers.
             self.spare.clear();
             self.out.clear();
             self.gather = Vec::new();
@@ -595,7 +648,11 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
 }
 
 impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<IO> {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         self.poll_write_vectored(cx, &[IoSlice::new(buf)])
     }
 
@@ -652,7 +709,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<IO> {
         let this = self.get_mut();
         this.check_write()?;
         if !this.write_closed {
-            let sealed = this.maybe_update_keys().and_then(|()| this.seal_record(ALERT, &[1, CLOSE_NOTIFY], 0));
+            let sealed = this
+                .maybe_update_keys()
+                .and_then(|()| this.seal_record(ALERT, &[1, CLOSE_NOTIFY], 0));
             if let Err(e) = sealed {
                 return Poll::Ready(Err(this.fail_write(e.into())));
             }
@@ -660,5 +719,100 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<IO> {
         }
         ready!(this.poll_flush_all(cx))?;
         Pin::new(&mut this.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a test panics to fail
+mod tests {
+    use std::sync::Arc;
+
+    use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    async fn pair() -> (
+        TlsStream<tokio::io::DuplexStream>,
+        TlsStream<tokio::io::DuplexStream>,
+    ) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["node.test".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert.der().clone()).unwrap();
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let mut server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone()],
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+            )
+            .unwrap();
+        server.enable_secret_extraction = true;
+        let mut client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        client.enable_secret_extraction = true;
+        let (c, s) = tokio::io::duplex(64 * 1024);
+        let name = ServerName::try_from("node.test").unwrap();
+        let (a, b) = tokio::join!(
+            crate::connect(Arc::new(client), name, c),
+            crate::accept(Arc::new(server), s)
+        );
+        (a.unwrap(), b.unwrap())
+    }
+
+    #[tokio::test]
+    async fn the_sending_key_is_replaced_before_it_reaches_its_limit() {
+        let (mut a, mut b) = pair().await;
+        a.tx_limit = a.tx.seq + 4;
+        let data: Vec<u8> = (0..10 * MAX_PLAINTEXT).map(|i| (i % 253) as u8).collect();
+        let mut got = vec![0u8; data.len()];
+        let (w, r) = tokio::join!(
+            async {
+                a.write_all(&data).await?;
+                a.flush().await
+            },
+            b.read_exact(&mut got)
+        );
+        w.unwrap();
+        r.unwrap();
+        assert!(got == data);
+        // 10 data records under a limit of 4 per key: the key was replaced three times (each KeyUpdate is the
+        // last record under its key), and the peer followed every time.
+        assert!(a.tx.seq < 4, "{:?}", a.tx);
+        assert_eq!(b.rx.seq, a.tx.seq);
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_floods_key_updates_without_data_is_cut_off() {
+        let (mut a, mut b) = pair().await;
+        for _ in 0..=MAX_KEY_UPDATES_IN_A_ROW {
+            a.refresh_traffic_keys(false);
+            a.flush().await.unwrap();
+        }
+        let err = b.read(&mut [0u8; 16]).await.unwrap_err();
+        assert!(err.to_string().contains("too many KeyUpdates"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn records_after_close_notify_are_ignored() {
+        let (mut a, mut b) = pair().await;
+        a.write_all(b"before").await.unwrap();
+        a.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        b.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"before");
+        assert!(
+            a.write_all(b"after").await.is_err(),
+            "no data after our close_notify"
+        );
     }
 }

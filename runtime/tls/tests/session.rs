@@ -1,6 +1,7 @@
 //! weft-tls against rustls's own record layer (tokio-rustls) and against itself, over real TCP sockets: data both
 //! ways in every write shape, key updates from either side, close_notify, truncation, tampering and a refused
 //! handshake.
+#![allow(clippy::unwrap_used)] // a test panics to fail
 
 use std::io::IoSlice;
 use std::sync::Arc;
@@ -46,9 +47,12 @@ fn configs(suite: SupportedCipherSuite) -> (Arc<ClientConfig>, Arc<ServerConfig>
         .with_protocol_versions(&[&rustls::version::TLS13])
         .unwrap()
         .with_client_cert_verifier(
-            rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(pki.roots.clone()), provider(suite))
-                .build()
-                .unwrap(),
+            rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(pki.roots.clone()),
+                provider(suite),
+            )
+            .build()
+            .unwrap(),
         )
         .with_single_cert(pki.chain.clone(), PrivateKeyDer::Pkcs8(pki.key.clone_key()))
         .unwrap();
@@ -78,7 +82,9 @@ async fn tcp_pair() -> (TcpStream, TcpStream) {
 }
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 11) as u8).collect()
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 11) as u8)
+        .collect()
 }
 
 /// Write `data` in writes of the given sizes, in turn (vectored pairs when `vectored`), then shut down.
@@ -93,7 +99,9 @@ async fn send<W: AsyncWrite + Unpin>(w: &mut W, data: &[u8], sizes: &[usize], ve
             let mut done = 0;
             while done < n {
                 let wrote = if done < 9 {
-                    w.write_vectored(&[IoSlice::new(&a[done..]), IoSlice::new(b)]).await.unwrap()
+                    w.write_vectored(&[IoSlice::new(&a[done..]), IoSlice::new(b)])
+                        .await
+                        .unwrap()
                 } else {
                     w.write(&b[done - 9..]).await.unwrap()
                 };
@@ -140,18 +148,27 @@ async fn data_crosses_both_ways_against_rustls_in_every_write_shape() {
                 async move {
                     let tls = acceptor.accept(s).await.unwrap();
                     let (mut r, mut w) = tokio::io::split(tls);
-                    let (got, ()) = tokio::join!(receive(&mut r), send(&mut w, &down, &[50_000], false));
+                    let (got, ()) =
+                        tokio::join!(receive(&mut r), send(&mut w, &down, &[50_000], false));
                     got
                 }
             });
-            let tls = weft_tls::connect(client_cfg.clone(), name(), c).await.unwrap();
+            let tls = weft_tls::connect(client_cfg.clone(), name(), c)
+                .await
+                .unwrap();
             assert_eq!(tls.negotiated_cipher_suite().suite(), suite.suite());
             assert_eq!(tls.alpn_protocol(), Some(&b"h2"[..]));
             assert!(tls.peer_certificates().is_some_and(|c| c.len() == 1));
             let (mut r, mut w) = tokio::io::split(tls);
             let (got_down, ()) = tokio::join!(receive(&mut r), send(&mut w, &up, sizes, vectored));
-            assert!(got_down == down, "download through weft-tls client differs ({sizes:?})");
-            assert!(server.await.unwrap() == up, "upload from weft-tls client differs ({sizes:?})");
+            assert!(
+                got_down == down,
+                "download through weft-tls client differs ({sizes:?})"
+            );
+            assert!(
+                server.await.unwrap() == up,
+                "upload from weft-tls client differs ({sizes:?})"
+            );
 
             // rustls client, weft-tls server.
             let (c, s) = tcp_pair().await;
@@ -162,15 +179,26 @@ async fn data_crosses_both_ways_against_rustls_in_every_write_shape() {
                     let tls = weft_tls::accept(server_cfg, s).await.unwrap();
                     assert!(tls.peer_certificates().is_some_and(|c| c.len() == 1));
                     let (mut r, mut w) = tokio::io::split(tls);
-                    let (got, ()) = tokio::join!(receive(&mut r), send(&mut w, &up, &sizes, vectored));
+                    let (got, ()) =
+                        tokio::join!(receive(&mut r), send(&mut w, &up, &sizes, vectored));
                     got
                 }
             });
-            let tls = tokio_rustls::TlsConnector::from(client_cfg).connect(name(), c).await.unwrap();
+            let tls = tokio_rustls::TlsConnector::from(client_cfg)
+                .connect(name(), c)
+                .await
+                .unwrap();
             let (mut r, mut w) = tokio::io::split(tls);
-            let (got_up, ()) = tokio::join!(receive(&mut r), send(&mut w, &down, &[70_000, 1], false));
-            assert!(got_up == up, "data from weft-tls server differs ({sizes:?})");
-            assert!(server.await.unwrap() == down, "data to weft-tls server differs ({sizes:?})");
+            let (got_up, ()) =
+                tokio::join!(receive(&mut r), send(&mut w, &down, &[70_000, 1], false));
+            assert!(
+                got_up == up,
+                "data from weft-tls server differs ({sizes:?})"
+            );
+            assert!(
+                server.await.unwrap() == down,
+                "data to weft-tls server differs ({sizes:?})"
+            );
         }
     }
 }
@@ -205,13 +233,20 @@ async fn key_updates_from_either_side_keep_the_session_going() {
     // Our key update: the next record goes out under a new key (sequence back to 1 after it).
     ours.refresh_traffic_keys(false);
     ping(&mut ours, &mut theirs, 100, 2).await;
-    assert_eq!(ours.sequence_numbers().0, 1, "one record sent under the new key");
+    assert_eq!(
+        ours.sequence_numbers().0,
+        1,
+        "one record sent under the new key"
+    );
 
     // Asking the peer to update too: rustls answers with its own KeyUpdate, which we follow.
     let rx_before = ours.sequence_numbers().1;
     ours.refresh_traffic_keys(true);
     ping(&mut ours, &mut theirs, 20_000, 3).await;
-    assert!(ours.sequence_numbers().1 < rx_before, "the peer's records now count from its new key");
+    assert!(
+        ours.sequence_numbers().1 < rx_before,
+        "the peer's records now count from its new key"
+    );
 
     // rustls updating on its own.
     theirs.get_mut().1.refresh_traffic_keys().unwrap();
@@ -226,7 +261,10 @@ async fn key_updates_from_either_side_keep_the_session_going() {
 async fn weft_tls_speaks_to_itself_and_a_requested_key_update_is_answered() {
     let (client_cfg, server_cfg) = configs(SUITES[0]);
     let (c, s) = tcp_pair().await;
-    let (a, b) = tokio::join!(weft_tls::connect(client_cfg, name(), c), weft_tls::accept(server_cfg, s));
+    let (a, b) = tokio::join!(
+        weft_tls::connect(client_cfg, name(), c),
+        weft_tls::accept(server_cfg, s)
+    );
     let (mut a, mut b) = (a.unwrap(), b.unwrap());
     ping(&mut a, &mut b, 3 * 16 * 1024 + 5, 1).await;
     a.refresh_traffic_keys(true);
@@ -248,7 +286,10 @@ async fn weft_tls_speaks_to_itself_and_a_requested_key_update_is_answered() {
 async fn a_quiet_connection_holds_no_buffers_after_bulk_data() {
     let (client_cfg, server_cfg) = configs(SUITES[0]);
     let (c, s) = tcp_pair().await;
-    let (a, b) = tokio::join!(weft_tls::connect(client_cfg, name(), c), weft_tls::accept(server_cfg, s));
+    let (a, b) = tokio::join!(
+        weft_tls::connect(client_cfg, name(), c),
+        weft_tls::accept(server_cfg, s)
+    );
     let (mut a, mut b) = (a.unwrap(), b.unwrap());
     let bulk = pattern(4 * 1024 * 1024, 9);
     let mut got = vec![0u8; bulk.len()];
@@ -256,7 +297,11 @@ async fn a_quiet_connection_holds_no_buffers_after_bulk_data() {
     w.unwrap();
     r.unwrap();
     assert!(got == bulk);
-    ping(&mut a, &mut b, 64, 1).await;
+    // A busy stream keeps its buffers through the ends of frames; a few quiet exchanges and they are gone.
+    assert!(a.buffer_capacity() > 0 && b.buffer_capacity() > 0);
+    for i in 0..4 {
+        ping(&mut a, &mut b, 64, i).await;
+    }
     assert_eq!(a.buffer_capacity(), 0);
     assert_eq!(b.buffer_capacity(), 0);
 }
@@ -327,7 +372,13 @@ async fn an_altered_record_fails_authentication_and_the_sender_hears_why() {
     let (client_cfg, server_cfg) = configs(SUITES[1]);
     let (c, s) = tcp_pair().await;
     let acceptor = tokio_rustls::TlsAcceptor::from(server_cfg);
-    let (ours, theirs) = tokio::join!(weft_tls::connect(client_cfg, name(), c), acceptor.accept(Tamper { inner: s, armed: false }));
+    let (ours, theirs) = tokio::join!(
+        weft_tls::connect(client_cfg, name(), c),
+        acceptor.accept(Tamper {
+            inner: s,
+            armed: false
+        })
+    );
     let (mut ours, mut theirs) = (ours.unwrap(), theirs.unwrap());
     theirs.get_mut().0.armed = true;
     theirs.write_all(&pattern(5000, 1)).await.unwrap();
@@ -347,11 +398,20 @@ async fn a_refused_handshake_fails_on_both_sides_with_the_reason() {
     let (client_cfg, _) = configs(SUITES[0]);
     let (_, other_server) = configs(SUITES[0]); // another CA
     let (c, s) = tcp_pair().await;
-    let (ours, theirs) = tokio::join!(weft_tls::connect(client_cfg, name(), c), weft_tls::accept(other_server, s));
+    let (ours, theirs) = tokio::join!(
+        weft_tls::connect(client_cfg, name(), c),
+        weft_tls::accept(other_server, s)
+    );
     let ours = ours.unwrap_err().to_string();
-    assert!(ours.contains("UnknownIssuer") || ours.contains("certificate"), "{ours}");
+    assert!(
+        ours.contains("UnknownIssuer") || ours.contains("certificate"),
+        "{ours}"
+    );
     let theirs = theirs.unwrap_err().to_string();
-    assert!(theirs.contains("alert") || theirs.contains("Alert"), "{theirs}");
+    assert!(
+        theirs.contains("alert") || theirs.contains("Alert"),
+        "{theirs}"
+    );
 }
 
 #[tokio::test]
@@ -361,7 +421,10 @@ async fn a_config_without_secret_extraction_is_refused_with_a_clear_error() {
     plain.enable_secret_extraction = false;
     let (c, s) = tcp_pair().await;
     let acceptor = tokio_rustls::TlsAcceptor::from(server_cfg);
-    let (ours, _theirs) = tokio::join!(weft_tls::connect(Arc::new(plain), name(), c), acceptor.accept(s));
+    let (ours, _theirs) = tokio::join!(
+        weft_tls::connect(Arc::new(plain), name(), c),
+        acceptor.accept(s)
+    );
     let err = ours.unwrap_err().to_string();
     assert!(err.contains("extraction"), "{err}");
 }
