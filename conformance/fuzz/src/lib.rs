@@ -9,6 +9,7 @@ pub mod local_config;
 pub mod mem;
 pub mod plugin_json;
 pub mod socks5_request;
+pub mod tls_records;
 
 /// A target's entry point: one input.
 pub type Target = fn(&[u8]);
@@ -21,6 +22,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("local_config", local_config::run),
     ("plugin_json", plugin_json::run),
     ("ca_csr", ca_csr::run),
+    ("tls_records", tls_records::run),
 ];
 
 /// A current-thread tokio runtime whose clock is paused (it jumps to the next timer when every task is idle), so

@@ -205,6 +205,10 @@ impl<IO> TlsStream<IO> {
         &self.io
     }
 
+    pub(crate) fn transport_mut(&mut self) -> &mut IO {
+        &mut self.io
+    }
+
     /// Replace the sending key before the next record (a TLS 1.3 `KeyUpdate`), and ask the peer to replace its own
     /// too if `request_peer`. The stream does this by itself before a key reaches its suite's limit.
     pub fn refresh_traffic_keys(&mut self, request_peer: bool) {
@@ -503,6 +507,11 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
         chunk.end += len;
         self.queued += len;
         Ok(())
+    }
+
+    /// Seal one record as is and queue it (the fuzz target's peer).
+    pub(crate) fn queue_raw(&mut self, content_type: u8, content: &[u8]) -> Result<(), Error> {
+        self.seal_record(content_type, content, 0)
     }
 
     /// Send the pending `KeyUpdate`, or one of our own if the sending key is about to reach its limit.
