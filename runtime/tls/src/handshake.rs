@@ -82,33 +82,27 @@ pub(crate) trait Side:
     fn into_kernel(self) -> Result<(ExtractedSecrets, Kernel), rustls::Error>;
 }
 
-impl Side for UnbufferedClientConnection {
-    type Data = ClientConnectionData;
-    fn process<'c, 'i>(
-        &'c mut self,
-        incoming: &'i mut [u8],
-    ) -> UnbufferedStatus<'c, 'i, Self::Data> {
-        self.process_tls_records(incoming)
-    }
-    fn into_kernel(self) -> Result<(ExtractedSecrets, Kernel), rustls::Error> {
-        let (s, k) = self.dangerous_into_kernel_connection()?;
-        Ok((s, Kernel::Client(k)))
-    }
+/// The two sides differ only in their types: rustls gives each its own `process_tls_records` and hand-over.
+macro_rules! side {
+    ($conn:ty, $data:ty, $kernel:ident) => {
+        impl Side for $conn {
+            type Data = $data;
+            fn process<'c, 'i>(
+                &'c mut self,
+                incoming: &'i mut [u8],
+            ) -> UnbufferedStatus<'c, 'i, Self::Data> {
+                self.process_tls_records(incoming)
+            }
+            fn into_kernel(self) -> Result<(ExtractedSecrets, Kernel), rustls::Error> {
+                let (s, k) = self.dangerous_into_kernel_connection()?;
+                Ok((s, Kernel::$kernel(k)))
+            }
+        }
+    };
 }
 
-impl Side for UnbufferedServerConnection {
-    type Data = ServerConnectionData;
-    fn process<'c, 'i>(
-        &'c mut self,
-        incoming: &'i mut [u8],
-    ) -> UnbufferedStatus<'c, 'i, Self::Data> {
-        self.process_tls_records(incoming)
-    }
-    fn into_kernel(self) -> Result<(ExtractedSecrets, Kernel), rustls::Error> {
-        let (s, k) = self.dangerous_into_kernel_connection()?;
-        Ok((s, Kernel::Server(k)))
-    }
-}
+side!(UnbufferedClientConnection, ClientConnectionData, Client);
+side!(UnbufferedServerConnection, ServerConnectionData, Server);
 
 /// What to do once a state has been handled and its borrows released.
 enum Next {

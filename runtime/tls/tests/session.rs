@@ -10,6 +10,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, Serve
 use rustls::{ClientConfig, RootCertStore, ServerConfig, SupportedCipherSuite};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use weft_tls::TlsStream;
 
 struct Pki {
     roots: RootCertStore,
@@ -79,6 +80,17 @@ async fn tcp_pair() -> (TcpStream, TcpStream) {
     let addr = l.local_addr().unwrap();
     let (c, s) = tokio::join!(TcpStream::connect(addr), l.accept());
     (c.unwrap(), s.unwrap().0)
+}
+
+/// A weft-tls client and server, connected over TCP.
+async fn weft_pair(suite: SupportedCipherSuite) -> (TlsStream<TcpStream>, TlsStream<TcpStream>) {
+    let (client_cfg, server_cfg) = configs(suite);
+    let (c, s) = tcp_pair().await;
+    let (a, b) = tokio::join!(
+        weft_tls::connect(client_cfg, name(), c),
+        weft_tls::accept(server_cfg, s)
+    );
+    (a.unwrap(), b.unwrap())
 }
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
@@ -259,13 +271,7 @@ async fn key_updates_from_either_side_keep_the_session_going() {
 
 #[tokio::test]
 async fn weft_tls_speaks_to_itself_and_a_requested_key_update_is_answered() {
-    let (client_cfg, server_cfg) = configs(SUITES[0]);
-    let (c, s) = tcp_pair().await;
-    let (a, b) = tokio::join!(
-        weft_tls::connect(client_cfg, name(), c),
-        weft_tls::accept(server_cfg, s)
-    );
-    let (mut a, mut b) = (a.unwrap(), b.unwrap());
+    let (mut a, mut b) = weft_pair(SUITES[0]).await;
     ping(&mut a, &mut b, 3 * 16 * 1024 + 5, 1).await;
     a.refresh_traffic_keys(true);
     ping(&mut a, &mut b, 1000, 2).await;
@@ -284,13 +290,7 @@ async fn weft_tls_speaks_to_itself_and_a_requested_key_update_is_answered() {
 
 #[tokio::test]
 async fn a_quiet_connection_holds_no_buffers_after_bulk_data() {
-    let (client_cfg, server_cfg) = configs(SUITES[0]);
-    let (c, s) = tcp_pair().await;
-    let (a, b) = tokio::join!(
-        weft_tls::connect(client_cfg, name(), c),
-        weft_tls::accept(server_cfg, s)
-    );
-    let (mut a, mut b) = (a.unwrap(), b.unwrap());
+    let (mut a, mut b) = weft_pair(SUITES[0]).await;
     let bulk = pattern(4 * 1024 * 1024, 9);
     let mut got = vec![0u8; bulk.len()];
     let (w, r) = tokio::join!(async { a.write_all(&bulk).await }, b.read_exact(&mut got));
