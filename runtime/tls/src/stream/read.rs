@@ -1,0 +1,209 @@
+//! The read side of a [`TlsStream`]: ciphertext read ahead, records opened in place and handed out, alerts and
+//! post-handshake messages acted on.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_util::io::poll_read_buf;
+
+use super::{
+    CLOSE_NOTIFY, FIRST_READ, MAX_HANDSHAKE_BYTES, MAX_KEY_UPDATES_IN_A_ROW, Plain, READ_AHEAD,
+    Sticky, TlsStream, USER_CANCELED,
+};
+use crate::Error;
+use crate::record::{ALERT, APPLICATION_DATA, HANDSHAKE, HEADER_LEN, Keys, parse_header};
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
+    /// Copy what is decrypted and waiting into `out`; false if nothing was waiting.
+    pub(super) fn hand_out(&mut self, out: &mut ReadBuf<'_>) -> bool {
+        if !self.early.is_empty() {
+            let n = out.remaining().min(self.early.len());
+            out.put_slice(&self.early[..n]);
+            self.early.advance(n);
+            if self.early.is_empty() {
+                self.early = BytesMut::new();
+            }
+            return true;
+        }
+        let Some(p) = self.plain.as_mut() else {
+            return false;
+        };
+        let n = out.remaining().min(p.end - p.start);
+        out.put_slice(&self.rbuf[p.start..p.start + n]);
+        p.start += n;
+        if p.start == p.end {
+            let end = p.record_end;
+            self.plain = None;
+            self.consume(end);
+        }
+        true
+    }
+
+    pub(super) fn consume(&mut self, n: usize) {
+        self.rbuf.advance(n);
+        if self.rbuf.is_empty() && !self.read_ahead {
+            // Give the buffer back: a quiet connection holds none. (A busy one keeps it: its next read reuses it.)
+            self.rbuf = BytesMut::new();
+        }
+    }
+
+    /// Open the next record if it is all in the buffer; false if more bytes are needed.
+    pub(super) fn next_record(&mut self) -> Result<bool, Error> {
+        let Some(h) = self.rbuf.get(..HEADER_LEN) else {
+            return Ok(false);
+        };
+        let mut header = [0u8; HEADER_LEN];
+        header.copy_from_slice(h);
+        let end = HEADER_LEN + parse_header(header)?;
+        let Some(body) = self.rbuf.get_mut(HEADER_LEN..end) else {
+            return Ok(false);
+        };
+        let (content_type, n) = self.rx.open(header, body)?;
+        if content_type != HANDSHAKE && !self.hs.is_empty() {
+            return Err(Error::UnexpectedMessage(
+                "a record inside a fragmented handshake message",
+            ));
+        }
+        match content_type {
+            APPLICATION_DATA => {
+                self.key_updates_in_a_row = 0;
+                if n == 0 {
+                    self.consume(end);
+                } else {
+                    self.plain = Some(Plain {
+                        start: HEADER_LEN,
+                        end: HEADER_LEN + n,
+                        record_end: end,
+                    });
+                }
+            }
+            HANDSHAKE => {
+                if n == 0 {
+                    return Err(Error::UnexpectedMessage("an empty handshake record"));
+                }
+                if self.hs.len() + n > MAX_HANDSHAKE_BYTES {
+                    return Err(Error::UnexpectedMessage(
+                        "a post-handshake message too large",
+                    ));
+                }
+                self.hs
+                    .extend_from_slice(&self.rbuf[HEADER_LEN..HEADER_LEN + n]);
+                self.consume(end);
+                self.handle_handshake()?;
+            }
+            ALERT => {
+                let alert = (n == 2).then(|| self.rbuf[HEADER_LEN + 1]);
+                self.consume(end);
+                match alert {
+                    None => return Err(Error::UnexpectedMessage("a malformed alert")),
+                    Some(CLOSE_NOTIFY) => self.read_closed = true,
+                    Some(USER_CANCELED) => {}
+                    Some(d) => return Err(Error::PeerAlert(d)),
+                }
+            }
+            _ => {
+                return Err(Error::UnexpectedMessage(
+                    "a record of an unknown content type",
+                ));
+            }
+        }
+        Ok(true)
+    }
+
+    /// Act on the complete post-handshake messages buffered: session tickets and key updates.
+    pub(super) fn handle_handshake(&mut self) -> Result<(), Error> {
+        while let [typ, a, b, c, ..] = self.hs[..] {
+            let len = usize::from(a) << 16 | usize::from(b) << 8 | usize::from(c);
+            let Some(body) = self.hs.get(4..4 + len) else {
+                if 4 + len > MAX_HANDSHAKE_BYTES {
+                    return Err(Error::UnexpectedMessage(
+                        "a post-handshake message too large",
+                    ));
+                }
+                return Ok(());
+            };
+            match typ {
+                // new_session_ticket
+                4 => self.kernel.new_session_ticket(body)?,
+                // key_update
+                24 => {
+                    let request = match body {
+                        [0] => false,
+                        [1] => true,
+                        _ => return Err(Error::UnexpectedMessage("a malformed KeyUpdate")),
+                    };
+                    if self.hs.len() != 5 {
+                        // RFC 8446 §5.1: handshake messages must not span a key change.
+                        return Err(Error::UnexpectedMessage(
+                            "a KeyUpdate not at the end of its record",
+                        ));
+                    }
+                    self.key_updates_in_a_row += 1;
+                    if self.key_updates_in_a_row > MAX_KEY_UPDATES_IN_A_ROW {
+                        return Err(Error::UnexpectedMessage("too many KeyUpdates without data"));
+                    }
+                    let (seq, secrets) = self.kernel.update_rx()?;
+                    self.rx = Keys::new(seq, secrets)?;
+                    if request {
+                        // Answered before our next record (RFC 8446 §4.6.3).
+                        self.key_update.get_or_insert(false);
+                    }
+                }
+                _ => {
+                    return Err(Error::UnexpectedMessage(
+                        "a handshake message after the handshake",
+                    ));
+                }
+            }
+            self.hs.drain(..4 + len);
+        }
+        if self.hs.is_empty() {
+            self.hs = Vec::new();
+        }
+        Ok(())
+    }
+
+    /// Read more ciphertext; 0 at the transport's end.
+    pub(super) fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        let want = if self.read_ahead {
+            READ_AHEAD
+        } else {
+            FIRST_READ
+        };
+        let record_rest = self.rbuf.get(..HEADER_LEN).map_or(0, |h| {
+            usize::from(u16::from_be_bytes([h[3], h[4]])) + HEADER_LEN
+        });
+        let spare = self.rbuf.capacity() - self.rbuf.len();
+        if spare < want / 4 || self.rbuf.len() + spare < record_rest {
+            self.rbuf.reserve(want.max(record_rest));
+        }
+        let offered = self.rbuf.capacity() - self.rbuf.len();
+        let n = ready!(poll_read_buf(Pin::new(&mut self.io), cx, &mut self.rbuf))?;
+        self.read_ahead = n == offered || n >= FIRST_READ;
+        Poll::Ready(Ok(n))
+    }
+
+    /// A fatal error on the read side: keep it, and tell the peer with an alert if we still may write.
+    pub(super) fn fail_read(&mut self, e: Error, cx: &mut Context<'_>) {
+        let alert = match &e {
+            Error::BadRecordMac => Some(20),
+            Error::RecordOverflow => Some(22),
+            Error::UnexpectedMessage(_) => Some(10),
+            Error::Tls(_) | Error::Crypto | Error::UnsupportedSuite => Some(80),
+            Error::Io(_) | Error::HandshakeEof | Error::PeerAlert(_) => None,
+        };
+        let e = io::Error::from(e);
+        self.read_error = Some(Sticky::of(&e));
+        if let Some(desc) = alert
+            && !self.write_closed
+            && self.write_error.is_none()
+            && self.seal_record(ALERT, &[2, desc], 0).is_ok()
+        {
+            self.write_closed = true;
+            let _ = self.poll_write_out(cx);
+        }
+    }
+}

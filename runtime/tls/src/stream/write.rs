@@ -1,0 +1,196 @@
+//! The write side of a [`TlsStream`]: records sealed from the caller's buffers into reusable output chunks, key
+//! updates, and the vectored writes that send them.
+
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::{CHUNK, Chunk, QUIET_FLUSHES, SMALL_WRITE, SPARE_CHUNKS, Sticky, TlsStream};
+use crate::Error;
+use crate::record::{APPLICATION_DATA, HANDSHAKE, Keys, MAX_PLAINTEXT, record_len};
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
+    /// Seal one record of `content_type` from `data` at the back of the output queue. `hint` is how many more
+    /// bytes this write is about to seal: it decides between a reusable chunk and a buffer just large enough.
+    pub(super) fn seal_record(
+        &mut self,
+        content_type: u8,
+        data: &[u8],
+        hint: usize,
+    ) -> Result<(), Error> {
+        let len = record_len(data.len());
+        if self.out.back().is_none_or(|c| c.buf.len() - c.end < len) {
+            let buf = if hint + len > SMALL_WRITE || len > SMALL_WRITE {
+                self.spare.pop().unwrap_or_else(|| vec![0u8; CHUNK])
+            } else {
+                vec![0u8; (hint + len + 64).min(SMALL_WRITE)]
+            };
+            self.out.push_back(Chunk {
+                buf,
+                start: 0,
+                end: 0,
+            });
+        }
+        let Some(chunk) = self.out.back_mut() else {
+            return Err(Error::Crypto);
+        };
+        self.tx.seal(
+            content_type,
+            data,
+            &mut chunk.buf[chunk.end..chunk.end + len],
+        )?;
+        chunk.end += len;
+        self.queued += len;
+        Ok(())
+    }
+
+    /// Seal one record as is and queue it (the fuzz target's peer).
+    pub(crate) fn queue_raw(&mut self, content_type: u8, content: &[u8]) -> Result<(), Error> {
+        self.seal_record(content_type, content, 0)
+    }
+
+    /// Send the pending `KeyUpdate`, or one of our own if the sending key is about to reach its limit.
+    pub(super) fn maybe_update_keys(&mut self) -> Result<(), Error> {
+        let request = match self.key_update {
+            Some(r) => r,
+            None if self.tx.seq + 1 >= self.tx_limit => false,
+            None => return Ok(()),
+        };
+        self.seal_record(HANDSHAKE, &[24, 0, 0, 1, u8::from(request)], 0)?;
+        self.key_update = None;
+        let (seq, secrets) = self.kernel.update_tx()?;
+        self.tx = Keys::new(seq, secrets)?;
+        Ok(())
+    }
+
+    /// Seal up to `limit` bytes from `bufs` as application data; returns how many were taken.
+    pub(super) fn seal_from(&mut self, bufs: &[IoSlice<'_>], limit: usize) -> Result<usize, Error> {
+        let total = bufs.iter().map(|b| b.len()).sum::<usize>().min(limit);
+        let (mut i, mut off, mut taken) = (0, 0, 0);
+        let mut gather = std::mem::take(&mut self.gather);
+        let r = (|| {
+            while taken < total {
+                self.maybe_update_keys()?;
+                let n = MAX_PLAINTEXT.min(total - taken);
+                while bufs[i].len() == off {
+                    i += 1;
+                    off = 0;
+                }
+                if bufs[i].len() - off >= n {
+                    self.seal_record(APPLICATION_DATA, &bufs[i][off..off + n], total - taken)?;
+                    off += n;
+                } else {
+                    gather.clear();
+                    while gather.len() < n {
+                        if bufs[i].len() == off {
+                            i += 1;
+                            off = 0;
+                            continue;
+                        }
+                        let k = (bufs[i].len() - off).min(n - gather.len());
+                        gather.extend_from_slice(&bufs[i][off..off + k]);
+                        off += k;
+                    }
+                    self.seal_record(APPLICATION_DATA, &gather, total - taken)?;
+                }
+                taken += n;
+            }
+            Ok(())
+        })();
+        gather.clear();
+        if gather.capacity() <= MAX_PLAINTEXT {
+            self.gather = gather;
+        }
+        r.map(|()| taken)
+    }
+
+    /// Write queued records. Ready once everything is written or some progress was made; pending only when the
+    /// transport took nothing.
+    pub(super) fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut progressed = false;
+        while self.queued > 0 {
+            let mut slices = [IoSlice::new(&[]); 16];
+            let mut k = 0;
+            for c in self
+                .out
+                .iter()
+                .filter(|c| c.end > c.start)
+                .take(slices.len())
+            {
+                slices[k] = IoSlice::new(&c.buf[c.start..c.end]);
+                k += 1;
+            }
+            let mut n = match Pin::new(&mut self.io).poll_write_vectored(cx, &slices[..k]) {
+                Poll::Pending if progressed => return Poll::Ready(Ok(())),
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(n)) => n,
+            };
+            progressed = true;
+            self.queued -= n;
+            self.burst += n;
+            while n > 0 {
+                let Some(front) = self.out.front_mut() else {
+                    break;
+                };
+                let step = n.min(front.end - front.start);
+                front.start += step;
+                n -= step;
+                if front.start == front.end {
+                    self.retire_front();
+                }
+            }
+        }
+        while self.out.front().is_some_and(|c| c.start == c.end) {
+            self.retire_front();
+        }
+        if self.burst >= CHUNK {
+            self.quiet_flushes = 0;
+        } else if self.burst > 0 {
+            self.quiet_flushes = self.quiet_flushes.saturating_add(1);
+        }
+        if self.quiet_flushes >= QUIET_FLUSHES || self.spare.is_empty() && self.quiet_flushes > 0 {
+            // The connection is not moving bulk data (the end of one DATA frame alone is not enough to say so):
+            // keep no buffers.
+            self.spare.clear();
+            self.out.clear();
+            self.gather = Vec::new();
+        }
+        self.burst = 0;
+        Poll::Ready(Ok(()))
+    }
+
+    pub(super) fn retire_front(&mut self) {
+        if let Some(c) = self.out.pop_front()
+            && c.buf.len() == CHUNK
+            && self.spare.len() < SPARE_CHUNKS
+        {
+            self.spare.push(c.buf);
+        }
+    }
+
+    pub(super) fn check_write(&self) -> io::Result<()> {
+        match &self.write_error {
+            Some(e) => Err(e.io()),
+            None => Ok(()),
+        }
+    }
+
+    pub(super) fn fail_write(&mut self, e: io::Error) -> io::Error {
+        self.write_error = Some(Sticky::of(&e));
+        e
+    }
+
+    /// Write everything queued, then flush the transport.
+    pub(super) fn poll_flush_all(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.queued > 0 {
+            if let Err(e) = ready!(self.poll_write_out(cx)) {
+                return Poll::Ready(Err(self.fail_write(e)));
+            }
+        }
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+}
