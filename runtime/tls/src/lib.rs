@@ -80,7 +80,11 @@ pub mod fuzzing {
         content_type: u8,
         content: &[u8],
     ) -> Result<(), Error> {
-        s.queue_raw(content_type, &content[..content.len().min(MAX_RAW_CONTENT)])
+        s.seal_record(
+            content_type,
+            &content[..content.len().min(MAX_RAW_CONTENT)],
+            0,
+        )
     }
 
     /// The transport under the session, to write bytes no TLS layer made.

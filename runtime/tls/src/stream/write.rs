@@ -14,7 +14,7 @@ use crate::record::{APPLICATION_DATA, HANDSHAKE, Keys, MAX_PLAINTEXT, record_len
 impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
     /// Seal one record of `content_type` from `data` at the back of the output queue. `hint` is how many more
     /// bytes this write is about to seal: it decides between a reusable chunk and a buffer just large enough.
-    pub(super) fn seal_record(
+    pub(crate) fn seal_record(
         &mut self,
         content_type: u8,
         data: &[u8],
@@ -44,11 +44,6 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
         chunk.end += len;
         self.queued += len;
         Ok(())
-    }
-
-    /// Seal one record as is and queue it (the fuzz target's peer).
-    pub(crate) fn queue_raw(&mut self, content_type: u8, content: &[u8]) -> Result<(), Error> {
-        self.seal_record(content_type, content, 0)
     }
 
     /// Send the pending `KeyUpdate`, or one of our own if the sending key is about to reach its limit.
@@ -156,7 +151,6 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
             // The connection is not moving bulk data (the end of one DATA frame alone is not enough to say so):
             // keep no buffers.
             self.spare.clear();
-            self.out.clear();
             self.gather = Vec::new();
         }
         self.burst = 0;
