@@ -9,7 +9,9 @@
 //! policy on the server's namespace that never matches: istio-authz decides every connection), `weft-np`
 //! (`--default-plugins false`),
 //! `weft-base` when `WEFT_BASE_BIN` names another weft build (default plugins; before and after a change, in one
-//! run; with `BENCH_BASE_POLICY=1` it gets `weft-pol`'s policy, to compare a change to the decision path), and
+//! run; with `BENCH_BASE_POLICY=1` it gets `weft-pol`'s policy, to compare a change to the decision path; with
+//! `BENCH_BASE_FLAGS` both its nodes get those flags, whitespace-separated, to compare a setting: `WEFT_BASE_BIN`
+//! may name the same build), and
 //! `ztunnel` when `ZTUNNEL_BIN` names a ztunnel binary built from its public source ([`weft_conformance::ztunnel`];
 //! without it the bench says why and runs the weft figures only: CI has no ztunnel and never needs one), and
 //! `relay`, the yardstick: the same capture and hop carried by a plain TCP relay on each node
@@ -20,9 +22,12 @@
 //! one offers none). Its connection rate and memory are no yardstick: each connection takes two 256 KiB buffers and a
 //! task per node, and it is left out of the memory case. Every
 //! pair stays up for the whole run (an idle pair's own background work lands on every measurement alike) and the
-//! measurements alternate: each round measures every pair once, in an order rotated per round, so no pair always
-//! runs on a machine another one has just warmed or loaded. Reported: the median over rounds with the spread
-//! (min–max), and ratios taken per round (paired: the same figure of two pairs in the same round) with theirs.
+//! measurements alternate: in each round the pairs take turns at every figure, in an order rotated per round, so no
+//! pair always runs on a machine another one has just warmed or loaded; each part is cut into slices (512 MiB each
+//! way, half a second of new connections, 500 round trips) that the pairs take in turn, so two pairs' figures of one
+//! round come from the same few seconds and a load that comes and goes on the machine falls on both alike.
+//! Reported: the median over rounds with the spread (min–max), and ratios taken per round (paired: the same figure
+//! of two pairs in the same round) with theirs.
 //!
 //! Figures: one-flow bulk throughput, client to server (upload) and server to client (download, `bulk down`); new
 //! connections/s (1 byte each way, the server closes first, as an HTTP server does for `Connection: close`); keep-alive
@@ -44,8 +49,8 @@
 //!     --config 'profile.dev.package.weft-conformance.opt-level=3'
 //! Without `--bench` on its command line (`cargo test --bench mesh`) and without `BENCH_FULL=1` it is a smoke run:
 //! one round of tiny sizes, every code path once. (`cargo test --workspace` alone does not build or run benches.)
-//! Environment (defaults full / smoke): BENCH_ROUNDS (5 / 1), BENCH_MIB bulk size per round (2048 / 8; a transfer of a
-//! few seconds, so a round is not one scheduling accident), BENCH_SECS connection-rate window per round, fractional
+//! Environment (defaults full / smoke): BENCH_ROUNDS (5 / 1), BENCH_MIB bulk size per round and way (2048 / 8; in
+//! slices of up to 512 MiB, each a transfer of most of a second, so a slice is not one scheduling accident), BENCH_SECS connection-rate window per round, fractional
 //! allowed (3 / 0.3), BENCH_CONC concurrent connectors (16), BENCH_LAT_N latency samples per round (5000 / 200),
 //! BENCH_IDLE idle connections for the memory case, 0 skips it (10000 / 100), BENCH_LOG both proxies' log filter
 //! (`info`, both proxies' default), BENCH_ONLY comma list of `mem`, `bulk`, `cps`, `lat` (run only those parts; default
@@ -65,7 +70,7 @@ mod pairs;
 mod probes;
 
 use output::{memory, report};
-use pairs::{Round, Running, run_relay, start_pairs, wait_listening};
+use pairs::{Round, Running, round, run_relay, start_pairs, wait_listening};
 use probes::servers;
 
 const SINK: u16 = 9000;
@@ -216,10 +221,9 @@ async fn main() {
     }
     let n = pairs.len();
     let mut results: Vec<Vec<Round>> = vec![Vec::new(); n];
-    for round in 0..z.rounds {
-        for k in 0..n {
-            let i = (round + k) % n;
-            results[i].push(pairs[i].round(z));
+    for r in 0..z.rounds {
+        for (i, figures) in round(&pairs, z, r).into_iter().enumerate() {
+            results[i].push(figures);
         }
     }
     report(&pairs, &results);

@@ -136,6 +136,7 @@ pub(crate) fn report(pairs: &[Pair], results: &[Vec<Round>]) {
         ("weft-base", "ztunnel"),
         ("weft", "weft-np"),
         ("weft-pol", "weft-np"),
+        ("weft-base", "weft-np"),
         ("weft", "weft-base"),
         ("weft-pol", "weft-base"),
         ("weft", "direct"),

@@ -11,7 +11,7 @@ use weft_conformance::ztunnel::{NsProcess, ZtunnelMesh, ztunnel_binary};
 use weft_devmesh::netns::Netns;
 
 use super::probes::{
-    Servers, bulk, bulk_down, cpu_ns, idle_percent, latency, machine_ticks, setup_latency,
+    Servers, bulk, bulk_down, cpu_ns, idle_percent, latency, machine_ticks, pct, setup_latency,
 };
 use super::{CLOSE, POLICY_NEVER_MATCHING, RR, SINK, SOURCE, Sizes, part, wanted};
 
@@ -163,35 +163,136 @@ impl Pair {
         self.ns().run(f).join().expect("bench thread").unwrap()
     }
 
-    pub(crate) fn round(&self, z: Sizes) -> Round {
+    /// One slice of the one-flow case (`bulk` part): `mib` up, then `mib` down, each on a new connection, added to
+    /// `t`.
+    pub(crate) fn bulk_slice(&self, mib: u64, t: &mut Tally) {
         let (ip, bypass) = (self.server_ip, self.bypass);
+        let c0 = self.cpu();
+        let t0 = machine_ticks();
+        t.up_secs += self.in_a(move || bulk(SocketAddr::from((ip, SINK)), bypass, mib << 20));
+        t.up_cpu_ns += self.cpu() - c0;
+        let t1 = machine_ticks();
+        t.up_ticks.0 += t1.0.saturating_sub(t0.0);
+        t.up_ticks.1 += t1.1.saturating_sub(t0.1);
+        t.up_mib += mib;
+        t.down_secs +=
+            self.in_a(move || bulk_down(SocketAddr::from((ip, SOURCE)), bypass, mib << 20));
+        t.down_mib += mib;
+    }
+
+    /// One slice of the connection-rate window (`cps` part), added to `t`.
+    pub(crate) fn cps_slice(&self, window: Duration, conc: usize, t: &mut Tally) {
+        let (ip, bypass) = (self.server_ip, self.bypass);
+        let c0 = self.cpu();
+        let (ok, failed, secs) =
+            self.in_a(move || conn_rate(SocketAddr::from((ip, CLOSE)), bypass, window, conc));
+        t.cpu_ns += self.cpu() - c0;
+        t.ok += ok;
+        t.failed += failed;
+        t.secs += secs;
+    }
+
+    /// One slice of the latency case (`lat` part): `n` keep-alive round trips on a new connection and `n / 10`
+    /// (at least one) new connections' times to first byte, added to `t`.
+    pub(crate) fn lat_slice(&self, n: usize, t: &mut Tally) {
+        let (ip, bypass) = (self.server_ip, self.bypass);
+        let rtt = self.in_a(move || latency(SocketAddr::from((ip, RR)), bypass, n));
+        t.rtt.extend(rtt);
+        let m = (n / 10).max(1);
+        let setup = self.in_a(move || setup_latency(SocketAddr::from((ip, CLOSE)), bypass, m));
+        t.setup.extend(setup);
+    }
+}
+
+/// What one pair gathers in one round, slice by slice, until [`Tally::finish`] turns it into its [`Round`].
+#[derive(Default)]
+pub(crate) struct Tally {
+    up_mib: u64,
+    up_secs: f64,
+    /// Proxy CPU (A+B) over the uploads, ns.
+    up_cpu_ns: f64,
+    /// The machine's (idle, total) ticks over the uploads.
+    up_ticks: (u64, u64),
+    down_mib: u64,
+    down_secs: f64,
+    ok: u64,
+    failed: u64,
+    secs: f64,
+    /// Proxy CPU (A+B) over the connection-rate slices, ns.
+    cpu_ns: f64,
+    rtt: Vec<f64>,
+    setup: Vec<f64>,
+}
+
+impl Tally {
+    pub(crate) fn finish(mut self) -> Round {
         let mut r = Round::default();
-        if part("bulk") {
-            let c0 = self.cpu();
-            let t0 = machine_ticks();
-            r.gbps = self.in_a(move || bulk(SocketAddr::from((ip, SINK)), bypass, z.mib << 20));
-            r.cpu_gib_ms = (self.cpu() - c0) / 1e6 / (z.mib as f64 / 1024.0);
-            r.bulk_idle = idle_percent(t0, machine_ticks());
-            r.down_gbps =
-                self.in_a(move || bulk_down(SocketAddr::from((ip, SOURCE)), bypass, z.mib << 20));
+        let gbps = |mib: u64, secs: f64| (mib << 20) as f64 * 8.0 / secs / 1e9;
+        if self.up_mib > 0 {
+            r.gbps = gbps(self.up_mib, self.up_secs);
+            r.cpu_gib_ms = self.up_cpu_ns / 1e6 / (self.up_mib as f64 / 1024.0);
+            r.bulk_idle = idle_percent((0, 0), self.up_ticks);
+            r.down_gbps = gbps(self.down_mib, self.down_secs);
         }
-        if part("cps") {
-            let c0 = self.cpu();
-            let (ok, failed, secs) = self
-                .in_a(move || conn_rate(SocketAddr::from((ip, CLOSE)), bypass, z.window, z.conc));
-            r.cps = ok as f64 / secs;
-            r.failed = failed;
-            r.cpu_conn_us = (self.cpu() - c0) / 1e3 / ok.max(1) as f64;
+        if self.secs > 0.0 {
+            r.cps = self.ok as f64 / self.secs;
+            r.failed = self.failed;
+            r.cpu_conn_us = self.cpu_ns / 1e3 / self.ok.max(1) as f64;
         }
-        if part("lat") {
-            (r.p50, r.p99) =
-                self.in_a(move || latency(SocketAddr::from((ip, RR)), bypass, z.lat_n));
-            let n = (z.lat_n / 10).max(10);
-            (r.setup50, r.setup99) =
-                self.in_a(move || setup_latency(SocketAddr::from((ip, CLOSE)), bypass, n));
+        if !self.rtt.is_empty() {
+            self.rtt.sort_by(f64::total_cmp);
+            self.setup.sort_by(f64::total_cmp);
+            (r.p50, r.p99) = (pct(&self.rtt, 50), pct(&self.rtt, 99));
+            (r.setup50, r.setup99) = (pct(&self.setup, 50), pct(&self.setup, 99));
         }
         r
     }
+}
+
+/// The most one bulk slice moves each way (MiB), how long one connection-rate slice lasts at most, and how many
+/// round trips one latency slice takes at most.
+const BULK_SLICE_MIB: u64 = 512;
+const CPS_SLICE: Duration = Duration::from_millis(500);
+const LAT_SLICE: usize = 500;
+
+/// One round through every pair. Each part is cut into slices (≤ [`BULK_SLICE_MIB`] each way, ≤ [`CPS_SLICE`],
+/// ≤ [`LAT_SLICE`] round trips) and the pairs take turns slice by slice, in an order rotated per slice, so the
+/// figures two pairs are compared by were taken interleaved over the same few seconds: a load that comes and goes
+/// on the machine lands on both alike instead of on whichever pair happened to run while it lasted.
+pub(crate) fn round(pairs: &[Pair], z: Sizes, round: usize) -> Vec<Round> {
+    let n = pairs.len();
+    let mut tallies: Vec<Tally> = (0..n).map(|_| Tally::default()).collect();
+    let turns = |shift: usize| (0..n).map(move |k| (round + shift + k) % n);
+    if part("bulk") {
+        let slices = z.mib.div_ceil(BULK_SLICE_MIB).max(1);
+        for s in 0..slices {
+            // The last slice takes what is left, so a round moves exactly `z.mib` each way.
+            let mib = BULK_SLICE_MIB.min(z.mib - s * BULK_SLICE_MIB);
+            for i in turns(s as usize) {
+                pairs[i].bulk_slice(mib, &mut tallies[i]);
+            }
+        }
+    }
+    if part("cps") {
+        let slices = (z.window.as_secs_f64() / CPS_SLICE.as_secs_f64())
+            .ceil()
+            .max(1.0) as usize;
+        let window = z.window / slices as u32;
+        for s in 0..slices {
+            for i in turns(s) {
+                pairs[i].cps_slice(window, z.conc, &mut tallies[i]);
+            }
+        }
+    }
+    if part("lat") {
+        let slices = z.lat_n.div_ceil(LAT_SLICE).max(1);
+        for s in 0..slices {
+            for i in turns(s) {
+                pairs[i].lat_slice(z.lat_n / slices, &mut tallies[i]);
+            }
+        }
+    }
+    tallies.into_iter().map(Tally::finish).collect()
 }
 
 /// Waits until `addr` accepts direct connections from inside `ns` (the servers are up).
@@ -241,6 +342,12 @@ pub(crate) async fn start_pairs(log: &str) -> (Vec<Running>, Vec<Pair>, Vec<Serv
         }
         if !plugins {
             layout.flags_a = vec!["--default-plugins".into(), "false".into()];
+            layout.flags_b = layout.flags_a.clone();
+        }
+        if name == "weft-base"
+            && let Ok(flags) = std::env::var("BENCH_BASE_FLAGS")
+        {
+            layout.flags_a = flags.split_whitespace().map(String::from).collect();
             layout.flags_b = layout.flags_a.clone();
         }
         let mut config = yaml(c, s);

@@ -87,6 +87,7 @@ impl Drop for Servers {
     }
 }
 
+/// One flow from the client to the sink: sends `bytes`, half-closes, waits for the sink's count; seconds taken.
 pub(crate) async fn bulk(dst: SocketAddr, bypass: bool, bytes: u64) -> f64 {
     let mut s = connect(dst, bypass).await.expect("connect");
     let buf = vec![0x5au8; 256 * 1024];
@@ -101,10 +102,10 @@ pub(crate) async fn bulk(dst: SocketAddr, bypass: bool, bytes: u64) -> f64 {
     let mut got = [0u8; 8];
     s.read_exact(&mut got).await.expect("count");
     assert_eq!(u64::from_be_bytes(got), bytes, "sink byte count");
-    bytes as f64 * 8.0 / start.elapsed().as_secs_f64() / 1e9
+    start.elapsed().as_secs_f64()
 }
 
-/// One flow the other way: asks the source for `bytes` and reads them to the end; Gb/s.
+/// One flow the other way: asks the source for `bytes` and reads them to the end; seconds taken.
 pub(crate) async fn bulk_down(dst: SocketAddr, bypass: bool, bytes: u64) -> f64 {
     let mut s = connect(dst, bypass).await.expect("connect");
     let start = Instant::now();
@@ -119,16 +120,18 @@ pub(crate) async fn bulk_down(dst: SocketAddr, bypass: bool, bytes: u64) -> f64 
         got += k as u64;
     }
     assert_eq!(got, bytes, "bytes from the source");
-    bytes as f64 * 8.0 / start.elapsed().as_secs_f64() / 1e9
+    start.elapsed().as_secs_f64()
 }
 
-/// The `p`-th percentile of sorted `v` (nearest rank).
-fn pct(v: &[f64], p: usize) -> f64 {
-    v[(v.len() * p / 100).min(v.len() - 1)]
+/// The `p`-th percentile of sorted `v` (nearest rank); NaN for no samples.
+pub(crate) fn pct(v: &[f64], p: usize) -> f64 {
+    v.get((v.len() * p / 100).min(v.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or(f64::NAN)
 }
 
-/// `n` keep-alive 1-byte round trips on one connection: (p50, p99) in µs.
-pub(crate) async fn latency(dst: SocketAddr, bypass: bool, n: usize) -> (f64, f64) {
+/// `n` keep-alive 1-byte round trips on one connection: each one's time in µs.
+pub(crate) async fn latency(dst: SocketAddr, bypass: bool, n: usize) -> Vec<f64> {
     let mut s = connect(dst, bypass).await.expect("connect");
     let mut b = [0u8; 1];
     // One round trip first, so the tunnel is up end to end before the samples.
@@ -141,14 +144,13 @@ pub(crate) async fn latency(dst: SocketAddr, bypass: bool, n: usize) -> (f64, f6
         s.read_exact(&mut b).await.expect("read");
         samples.push(t.elapsed().as_secs_f64() * 1e6);
     }
-    samples.sort_by(f64::total_cmp);
-    (pct(&samples, 50), pct(&samples, 99))
+    samples
 }
 
 /// `n` new connections one after the other (connect, one byte each way, the server closes): the time from
-/// `connect()` to the first byte back, (p50, p99) in µs. Over a mesh this includes the HBONE CONNECT round trip
+/// `connect()` to the first byte back of each, in µs. Over a mesh this includes the HBONE CONNECT round trip
 /// the client's first bytes wait for (what sending them before the 200 would save, #13 step 3).
-pub(crate) async fn setup_latency(dst: SocketAddr, bypass: bool, n: usize) -> (f64, f64) {
+pub(crate) async fn setup_latency(dst: SocketAddr, bypass: bool, n: usize) -> Vec<f64> {
     let mut samples = Vec::with_capacity(n);
     for _ in 0..n {
         let t = Instant::now();
@@ -159,8 +161,7 @@ pub(crate) async fn setup_latency(dst: SocketAddr, bypass: bool, n: usize) -> (f
         samples.push(t.elapsed().as_secs_f64() * 1e6);
         let _ = s.read(&mut b).await;
     }
-    samples.sort_by(f64::total_cmp);
-    (pct(&samples, 50), pct(&samples, 99))
+    samples
 }
 
 /// Opens `n` connections through the pair (64 at a time), each with one byte echoed so the tunnel is up end to

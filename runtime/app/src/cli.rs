@@ -249,7 +249,7 @@ pub struct RunArgs {
     /// How long telemetry events may gather before the telemetry thread hands them to the telemetry plugins (after
     /// a quiet spell an event goes at once). Longer: fewer wake-ups and larger batches under load; an event (a
     /// metric update, a plugin's access log line) waits at most this long.
-    #[arg(long, env = "WEFT_PLUGIN_TELEMETRY_LINGER", default_value = "5ms", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "WEFT_PLUGIN_TELEMETRY_LINGER", default_value = "20ms", value_parser = humantime::parse_duration)]
     pub plugin_telemetry_linger: Duration,
     /// The plugin engine's epoch tick: how often a running guest call's deadline is checked (a call overrunning its
     /// deadline is interrupted within about a tick). The ticker runs only while calls do.

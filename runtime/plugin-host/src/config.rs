@@ -97,7 +97,7 @@ impl Default for HostConfig {
             max_log_len: 1024,
             telemetry_queue: 16 * 1024,
             telemetry_batch: 256,
-            telemetry_linger: Duration::from_millis(5),
+            telemetry_linger: Duration::from_millis(20),
             rollout: crate::rollout::default_rollout(),
             clock: Arc::new(SystemClock::default()),
         }
