@@ -22,10 +22,11 @@
 //! one offers none). Its connection rate and memory are no yardstick: each connection takes two 256 KiB buffers and a
 //! task per node, and it is left out of the memory case. Every
 //! pair stays up for the whole run (an idle pair's own background work lands on every measurement alike) and the
-//! measurements alternate: in each round the pairs take turns at every figure, in an order rotated per round, so no
-//! pair always runs on a machine another one has just warmed or loaded; each part is cut into slices (512 MiB each
-//! way, half a second of new connections, 500 round trips) that the pairs take in turn, so two pairs' figures of one
-//! round come from the same few seconds and a load that comes and goes on the machine falls on both alike.
+//! measurements alternate: each part of a round is cut into slices (512 MiB each way, half a second of new
+//! connections, 500 round trips) that the pairs take in turn, so two pairs' figures of one round come from the same
+//! few seconds and a load that comes and goes on the machine falls on both alike, in an order shuffled per slice
+//! (from a fixed seed), so no pair always runs first or right after the same other pair, on a machine that one
+//! has just warmed or loaded.
 //! Reported: the median over rounds with the spread (min–max), and ratios taken per round (paired: the same figure
 //! of two pairs in the same round) with theirs.
 //!

@@ -255,20 +255,45 @@ const BULK_SLICE_MIB: u64 = 512;
 const CPS_SLICE: Duration = Duration::from_millis(500);
 const LAT_SLICE: usize = 500;
 
+/// The order in which `n` pairs take one slice: a shuffle drawn from `seed` (splitmix64, Fisher–Yates), so a run
+/// is repeatable and, over many slices, every pair runs first, last and right after every other pair about equally
+/// often (a rotation keeps each pair behind the same neighbour, and what a pair leaves behind, a fast transfer's
+/// buffers or a burst of closing connections, would always fall on the same next one).
+fn turn_order(n: usize, seed: u64) -> Vec<usize> {
+    let mut state = seed;
+    let mut next = move || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let mut order: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        let j = (next() % (i as u64 + 1)) as usize;
+        order.swap(i, j);
+    }
+    order
+}
+
 /// One round through every pair. Each part is cut into slices (≤ [`BULK_SLICE_MIB`] each way, ≤ [`CPS_SLICE`],
-/// ≤ [`LAT_SLICE`] round trips) and the pairs take turns slice by slice, in an order rotated per slice, so the
+/// ≤ [`LAT_SLICE`] round trips) and the pairs take turns slice by slice, in an order shuffled per slice, so the
 /// figures two pairs are compared by were taken interleaved over the same few seconds: a load that comes and goes
 /// on the machine lands on both alike instead of on whichever pair happened to run while it lasted.
 pub(crate) fn round(pairs: &[Pair], z: Sizes, round: usize) -> Vec<Round> {
     let n = pairs.len();
     let mut tallies: Vec<Tally> = (0..n).map(|_| Tally::default()).collect();
-    let turns = |shift: usize| (0..n).map(move |k| (round + shift + k) % n);
+    let mut slice_no = 0u64;
+    let mut turns = || {
+        slice_no += 1;
+        turn_order(n, (round as u64) << 32 | slice_no)
+    };
     if part("bulk") {
         let slices = z.mib.div_ceil(BULK_SLICE_MIB).max(1);
         for s in 0..slices {
             // The last slice takes what is left, so a round moves exactly `z.mib` each way.
             let mib = BULK_SLICE_MIB.min(z.mib - s * BULK_SLICE_MIB);
-            for i in turns(s as usize) {
+            for i in turns() {
                 pairs[i].bulk_slice(mib, &mut tallies[i]);
             }
         }
@@ -278,16 +303,16 @@ pub(crate) fn round(pairs: &[Pair], z: Sizes, round: usize) -> Vec<Round> {
             .ceil()
             .max(1.0) as usize;
         let window = z.window / slices as u32;
-        for s in 0..slices {
-            for i in turns(s) {
+        for _ in 0..slices {
+            for i in turns() {
                 pairs[i].cps_slice(window, z.conc, &mut tallies[i]);
             }
         }
     }
     if part("lat") {
         let slices = z.lat_n.div_ceil(LAT_SLICE).max(1);
-        for s in 0..slices {
-            for i in turns(s) {
+        for _ in 0..slices {
+            for i in turns() {
                 pairs[i].lat_slice(z.lat_n / slices, &mut tallies[i]);
             }
         }
