@@ -51,11 +51,12 @@
 //! Without `--bench` on its command line (`cargo test --bench mesh`) and without `BENCH_FULL=1` it is a smoke run:
 //! one round of tiny sizes, every code path once. (`cargo test --workspace` alone does not build or run benches.)
 //! Environment (defaults full / smoke): BENCH_ROUNDS (5 / 1), BENCH_MIB bulk size per round and way (2048 / 8; in
-//! slices of up to 512 MiB, each a transfer of most of a second, so a slice is not one scheduling accident), BENCH_SECS connection-rate window per round, fractional
-//! allowed (3 / 0.3), BENCH_CONC concurrent connectors (16), BENCH_LAT_N latency samples per round (5000 / 200),
-//! BENCH_IDLE idle connections for the memory case, 0 skips it (10000 / 100), BENCH_LOG both proxies' log filter
-//! (`info`, both proxies' default), BENCH_ONLY comma list of `mem`, `bulk`, `cps`, `lat` (run only those parts; default
-//! all), BENCH_PAIRS comma list of pairs to start (default all available).
+//! slices of up to 512 MiB, each a transfer of most of a second, so a slice is not one scheduling accident),
+//! BENCH_SECS connection-rate window per round, fractional allowed (3 / 0.3), BENCH_CONC concurrent connectors (16),
+//! BENCH_LAT_N latency samples per round (5000 / 200), BENCH_IDLE idle connections for the memory case, 0 skips it
+//! (10000 / 100), BENCH_LOG both proxies' log filter (`info`, both proxies' default), BENCH_ONLY comma list of
+//! `mem`, `bulk`, `cps`, `lat` (run only those parts; default all), BENCH_PAIRS comma list of pairs to start
+//! (default all available).
 #![allow(clippy::unwrap_used)] // a bench panics to fail
 
 use std::net::SocketAddr;
