@@ -281,43 +281,55 @@ fn turn_order(n: usize, seed: u64) -> Vec<usize> {
 /// figures two pairs are compared by were taken interleaved over the same few seconds: a load that comes and goes
 /// on the machine lands on both alike instead of on whichever pair happened to run while it lasted.
 pub(crate) fn round(pairs: &[Pair], z: Sizes, round: usize) -> Vec<Round> {
-    let n = pairs.len();
-    let mut tallies: Vec<Tally> = (0..n).map(|_| Tally::default()).collect();
-    let mut slice_no = 0u64;
-    let mut turns = || {
-        slice_no += 1;
-        turn_order(n, (round as u64) << 32 | slice_no)
-    };
+    let mut tallies: Vec<Tally> = (0..pairs.len()).map(|_| Tally::default()).collect();
+    // Each slice's order is drawn from its own seed: the round in the high half, the slice's number in the low.
+    let mut seed = (round as u64) << 32;
     if part("bulk") {
         let slices = z.mib.div_ceil(BULK_SLICE_MIB).max(1);
-        for s in 0..slices {
-            // The last slice takes what is left, so a round moves exactly `z.mib` each way.
-            let mib = BULK_SLICE_MIB.min(z.mib - s * BULK_SLICE_MIB);
-            for i in turns() {
-                pairs[i].bulk_slice(mib, &mut tallies[i]);
-            }
-        }
+        take_turns(
+            pairs,
+            &mut tallies,
+            &mut seed,
+            slices as usize,
+            |p, s, t| {
+                // The last slice takes what is left, so a round moves exactly `z.mib` each way.
+                let done = s as u64 * BULK_SLICE_MIB;
+                p.bulk_slice(BULK_SLICE_MIB.min(z.mib - done), t);
+            },
+        );
     }
     if part("cps") {
         let slices = (z.window.as_secs_f64() / CPS_SLICE.as_secs_f64())
             .ceil()
             .max(1.0) as usize;
         let window = z.window / slices as u32;
-        for _ in 0..slices {
-            for i in turns() {
-                pairs[i].cps_slice(window, z.conc, &mut tallies[i]);
-            }
-        }
+        take_turns(pairs, &mut tallies, &mut seed, slices, |p, _, t| {
+            p.cps_slice(window, z.conc, t);
+        });
     }
     if part("lat") {
         let slices = z.lat_n.div_ceil(LAT_SLICE).max(1);
-        for _ in 0..slices {
-            for i in turns() {
-                pairs[i].lat_slice(z.lat_n / slices, &mut tallies[i]);
-            }
-        }
+        take_turns(pairs, &mut tallies, &mut seed, slices, |p, _, t| {
+            p.lat_slice(z.lat_n / slices, t);
+        });
     }
     tallies.into_iter().map(Tally::finish).collect()
+}
+
+/// `slices` slices of one part: in each, every pair in [`turn_order`] runs `measure(pair, slice, its tally)`.
+fn take_turns(
+    pairs: &[Pair],
+    tallies: &mut [Tally],
+    seed: &mut u64,
+    slices: usize,
+    mut measure: impl FnMut(&Pair, usize, &mut Tally),
+) {
+    for s in 0..slices {
+        *seed += 1;
+        for i in turn_order(pairs.len(), *seed) {
+            measure(&pairs[i], s, &mut tallies[i]);
+        }
+    }
 }
 
 /// Waits until `addr` accepts direct connections from inside `ns` (the servers are up).
