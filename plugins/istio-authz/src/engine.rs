@@ -25,6 +25,11 @@
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
+/// The compiled form of a policy's rules (beside this file, so the host's native copy finds it too).
+#[path = "rules.rs"]
+mod rules;
+use rules::Rules;
+
 /// The index's maps: their keys (policy names, namespaces) come from the control plane, not from peers, so a
 /// non-keyed hasher is safe, and SipHash would dominate a decision's cost. (`super::hash` is the SDK's `hash`
 /// module in the plugin and the same file included natively by the host's tests.)
@@ -75,13 +80,36 @@ pub enum StrMatch {
 
 impl StrMatch {
     fn matches(&self, s: &str) -> bool {
+        let s = s.as_bytes();
         match self {
-            StrMatch::Exact(x) => s == x,
-            StrMatch::Prefix(x) => s.starts_with(x.as_str()),
-            StrMatch::Suffix(x) => s.ends_with(x.as_str()),
+            StrMatch::Exact(x) => same(s, x.as_bytes()),
+            StrMatch::Prefix(x) => s.get(..x.len()).is_some_and(|h| same(h, x.as_bytes())),
+            StrMatch::Suffix(x) => s
+                .len()
+                .checked_sub(x.len())
+                .is_some_and(|at| same(&s[at..], x.as_bytes())),
             StrMatch::Presence => !s.is_empty(),
         }
     }
+}
+
+/// Byte equality, eight bytes at a time. (In the sandbox `==` on strings calls a `memcmp` that compares byte by
+/// byte, a loop the engine's interruption check runs through on every byte; this is a few word compares.)
+#[inline]
+fn same(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let (wa, wb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (wa.remainder(), wb.remainder());
+    wa.zip(wb).all(|(x, y)| word(x) == word(y)) && ra == rb
+}
+
+#[inline]
+fn word(b: &[u8]) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(b);
+    u64::from_ne_bytes(w)
 }
 
 /// A service-account match (trust domain ignored).
@@ -157,48 +185,6 @@ pub struct Match {
     pub not_destination_ports: Vec<u16>,
 }
 
-impl Match {
-    fn is_empty(&self) -> bool {
-        self.namespaces.is_empty()
-            && self.not_namespaces.is_empty()
-            && self.principals.is_empty()
-            && self.not_principals.is_empty()
-            && self.service_accounts.is_empty()
-            && self.not_service_accounts.is_empty()
-            && self.source_ips.is_empty()
-            && self.not_source_ips.is_empty()
-            && self.destination_ips.is_empty()
-            && self.not_destination_ips.is_empty()
-            && self.destination_ports.is_empty()
-            && self.not_destination_ports.is_empty()
-    }
-
-    fn matches(&self, c: &Conn<'_>) -> bool {
-        // Every kind must pass; cheapest first (the result does not depend on the order).
-        kind(&self.destination_ports, &self.not_destination_ports, |p| {
-            *p == c.dst_port
-        }) && kind(&self.destination_ips, &self.not_destination_ips, |n| {
-            n.contains(&c.dst)
-        }) && kind(&self.source_ips, &self.not_source_ips, |n| {
-            n.contains(&c.src)
-        }) && kind(&self.service_accounts, &self.not_service_accounts, |m| {
-            c.peer
-                .sa
-                .is_some_and(|(ns, sa)| ns == m.namespace && sa == m.service_account)
-        }) && kind(&self.principals, &self.not_principals, |m| {
-            c.peer.principal.is_some_and(|p| m.matches(p))
-        }) && kind(&self.namespaces, &self.not_namespaces, |m| {
-            m.matches(c.peer.namespace)
-        })
-    }
-}
-
-/// One field kind: (positive empty or any matches) and (negative empty or none matches).
-#[inline]
-fn kind<T>(positive: &[T], negative: &[T], mut f: impl FnMut(&T) -> bool) -> bool {
-    (positive.is_empty() || positive.iter().any(&mut f)) && !negative.iter().any(f)
-}
-
 /// An authorization policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
@@ -217,22 +203,21 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// Whether the policy matches the connection.
+    /// Whether the policy matches the connection. (Compiles the rules first; the index keeps them compiled.)
     pub fn matches(&self, c: &Conn<'_>) -> bool {
-        // No rules: never matches. A rule without clauses: matches.
-        self.rules.iter().any(|rule| {
-            rule.iter().all(|clause| {
-                clause.is_empty() || clause.iter().any(|m| !m.is_empty() && m.matches(c))
-            })
-        })
+        Rules::compile(self.rules.clone()).matches(c)
     }
 }
 
-/// A policy as indexed, with its `namespace/name` key.
+/// A policy as indexed: its `namespace/name` key, what it does, and its rules compiled.
 #[derive(Debug)]
 struct Indexed {
     key: String,
-    policy: Policy,
+    scope: Scope,
+    namespace: String,
+    action: Action,
+    dry_run: bool,
+    rules: Rules,
 }
 
 /// The policies of one bucket (a namespace, or the global ones), split by what they do.
@@ -252,7 +237,7 @@ impl Group {
             && self.dry_allow.is_empty()
     }
 
-    fn push(&mut self, i: u32, p: &Policy) {
+    fn push(&mut self, i: u32, p: &Indexed) {
         match (p.action, p.dry_run) {
             (Action::Deny, false) => self.deny.push(i),
             (Action::Allow, false) => self.allow.push(i),
@@ -279,22 +264,40 @@ impl<'a> Peer<'a> {
         let Some(principal) = identity.and_then(|s| s.strip_prefix("spiffe://")) else {
             return Peer::default();
         };
-        let mut parts = principal.split('/');
-        let sa = match (
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-        ) {
-            (Some(td), Some("ns"), Some(ns), Some("sa"), Some(sa), None)
-                if !td.is_empty() && !ns.is_empty() && !sa.is_empty() =>
-            {
-                Some((ns, sa))
+        // One pass over the bytes for the slashes (the `split` iterator costs more than the parse in the sandbox):
+        // `<td>/ns/<ns>/sa/<sa>` has exactly four.
+        let mut slash = [0usize; 4];
+        let mut n = 0;
+        for (i, &b) in principal.as_bytes().iter().enumerate() {
+            if b == b'/' {
+                if n == slash.len() {
+                    n += 1;
+                    break;
+                }
+                slash[n] = i;
+                n += 1;
             }
-            _ => None,
-        };
+        }
+        let sa = (n == 4)
+            .then(|| {
+                let [a, b, c, d] = slash;
+                let p = principal;
+                (
+                    &p[..a],
+                    &p[a + 1..b],
+                    &p[b + 1..c],
+                    &p[c + 1..d],
+                    &p[d + 1..],
+                )
+            })
+            .and_then(|(td, ns_tag, ns, sa_tag, sa)| {
+                (!td.is_empty()
+                    && ns_tag == "ns"
+                    && !ns.is_empty()
+                    && sa_tag == "sa"
+                    && !sa.is_empty())
+                .then_some((ns, sa))
+            });
         Peer {
             principal: Some(principal),
             namespace: sa.map_or("", |(ns, _)| ns),
@@ -398,7 +401,17 @@ pub struct Index {
     policies: Vec<Indexed>,
     by_key: FxMap<String, u32>,
     global: Group,
-    by_namespace: FxMap<String, Group>,
+    /// Namespace → its group in `groups`.
+    by_namespace: FxMap<String, u32>,
+    groups: Vec<Group>,
+}
+
+/// A destination workload resolved against one [`Index`] ([`Index::target`]): its namespace's policies and the
+/// policies it lists, as positions. Valid for that index only: a new index needs new targets.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Target {
+    group: Option<u32>,
+    selected: Vec<u32>,
 }
 
 impl Index {
@@ -410,8 +423,14 @@ impl Index {
             ..Index::default()
         };
         for policy in policies {
-            let key = format!("{}/{}", policy.namespace, policy.name);
-            let item = Indexed { key, policy };
+            let item = Indexed {
+                key: format!("{}/{}", policy.namespace, policy.name),
+                scope: policy.scope,
+                namespace: policy.namespace,
+                action: policy.action,
+                dry_run: policy.dry_run,
+                rules: Rules::compile(policy.rules),
+            };
             match index.by_key.get(&item.key) {
                 Some(&i) => index.policies[i as usize] = item,
                 None => {
@@ -421,15 +440,20 @@ impl Index {
                 }
             }
         }
-        for (i, item) in index.policies.iter().enumerate() {
-            let p = &item.policy;
+        for (i, p) in index.policies.iter().enumerate() {
             match p.scope {
                 Scope::Global => index.global.push(i as u32, p),
-                Scope::Namespace => index
-                    .by_namespace
-                    .entry(p.namespace.clone())
-                    .or_default()
-                    .push(i as u32, p),
+                Scope::Namespace => {
+                    let next = index.groups.len() as u32;
+                    let g = *index
+                        .by_namespace
+                        .entry(p.namespace.clone())
+                        .or_insert(next);
+                    if g == next {
+                        index.groups.push(Group::default());
+                    }
+                    index.groups[g as usize].push(i as u32, p);
+                }
                 Scope::WorkloadSelector => {}
             }
         }
@@ -498,8 +522,21 @@ impl Index {
                 selected
                     .iter()
                     .map(move |&i| self.policy(i))
-                    .filter(move |p| p.policy.action == action && p.policy.dry_run == dry_run),
+                    .filter(move |p| p.action == action && p.dry_run == dry_run),
             )
+    }
+
+    /// A destination workload of namespace `namespace` (none: unknown, only global policies apply) that lists the
+    /// policies `selected` (`namespace/name`; unknown names are skipped, as ztunnel does), resolved once so that
+    /// deciding for it again looks nothing up.
+    pub fn target(&self, namespace: Option<&str>, selected: &[String]) -> Target {
+        Target {
+            group: namespace.and_then(|n| self.by_namespace.get(n).copied()),
+            selected: selected
+                .iter()
+                .filter_map(|k| self.by_key.get(k.as_str()).copied())
+                .collect(),
+        }
     }
 
     /// Decides on one inbound connection to a workload of namespace `namespace` (none: the destination workload
@@ -514,8 +551,10 @@ impl Index {
         if self.policies.is_empty() {
             return Ok(());
         }
-        let ns = namespace.and_then(|n| self.by_namespace.get(n));
-        // The listed policies, resolved once (unknown names are skipped, as ztunnel does).
+        let group = namespace
+            .and_then(|n| self.by_namespace.get(n))
+            .map(|&g| &self.groups[g as usize]);
+        // The listed policies, resolved (on the stack unless there are many).
         let mut buf = [0u32; 16];
         let spilled: Vec<u32>;
         let selected: &[u32] = if selected.len() <= buf.len() {
@@ -532,14 +571,38 @@ impl Index {
                 .collect();
             &spilled
         };
+        self.decide_in(conn, group, selected, dry)
+    }
+
+    /// [`decide`](Self::decide) for a destination already resolved against this index: nothing is looked up.
+    pub fn decide_for(
+        &self,
+        conn: &Conn<'_>,
+        target: &Target,
+        dry: &mut impl DryRun,
+    ) -> Result<(), Denial> {
+        if self.policies.is_empty() {
+            return Ok(());
+        }
+        let group = target.group.map(|g| &self.groups[g as usize]);
+        self.decide_in(conn, group, &target.selected, dry)
+    }
+
+    fn decide_in(
+        &self,
+        conn: &Conn<'_>,
+        ns: Option<&Group>,
+        selected: &[u32],
+        dry: &mut impl DryRun,
+    ) -> Result<(), Denial> {
         for p in self.applicable(ns, selected, Action::Deny, true) {
-            if p.policy.matches(conn) {
+            if p.rules.matches(conn) {
                 dry.matched(&p.key, Action::Deny);
             }
         }
         if let Some(p) = self
             .applicable(ns, selected, Action::Deny, false)
-            .find(|p| p.policy.matches(conn))
+            .find(|p| p.rules.matches(conn))
         {
             return Err(Denial::Explicit(p.key.clone()));
         }
@@ -547,7 +610,7 @@ impl Index {
         let mut dry_allow_matched = false;
         for p in self.applicable(ns, selected, Action::Allow, true) {
             dry_allow = true;
-            if p.policy.matches(conn) {
+            if p.rules.matches(conn) {
                 dry_allow_matched = true;
                 dry.matched(&p.key, Action::Allow);
             }
@@ -561,7 +624,7 @@ impl Index {
             }
             return Ok(());
         }
-        if allow.any(|p| p.policy.matches(conn)) {
+        if allow.any(|p| p.rules.matches(conn)) {
             return Ok(());
         }
         Err(Denial::NotAllowed)

@@ -66,6 +66,71 @@ fn principals_and_namespaces() {
     assert!(!sa.matches(&tls()) && sa.matches(&plain()));
 }
 
+/// Identities are split into the trust domain, namespace and service account only in Istio's exact shape.
+#[test]
+fn peer_identities() {
+    let p = Peer::parse(Some("spiffe://td/ns/shop/sa/web"));
+    assert_eq!(
+        (p.principal, p.namespace, p.sa),
+        (Some("td/ns/shop/sa/web"), "shop", Some(("shop", "web")))
+    );
+    for other in [
+        "spiffe://td/ns/shop/sa/web/extra",
+        "spiffe://td/ns/shop/sa/",
+        "spiffe://td/ns//sa/web",
+        "spiffe:///ns/shop/sa/web",
+        "spiffe://td/NS/shop/sa/web",
+        "spiffe://td/ns/shop/service-account/web",
+        "spiffe://td/ns/shop/sa",
+        "spiffe://td",
+        "spiffe://",
+        "spiffe://td/ns/shop/sa/web/",
+        "spiffe://td//ns/shop/sa/web",
+    ] {
+        let p = Peer::parse(Some(other));
+        assert_eq!(
+            (p.principal, p.namespace, p.sa),
+            (other.strip_prefix("spiffe://"), "", None),
+            "{other}"
+        );
+    }
+    for none in [
+        None,
+        Some("td/ns/shop/sa/web"),
+        Some("SPIFFE://td/ns/a/sa/b"),
+    ] {
+        let p = Peer::parse(none);
+        assert_eq!(
+            (p.principal, p.namespace, p.sa),
+            (None, "", None),
+            "{none:?}"
+        );
+    }
+}
+
+/// `same` is byte equality at every length around its word size, wherever the first difference is.
+#[test]
+fn word_wise_equality() {
+    for len in 0..40usize {
+        let a: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+        assert!(same(&a, &a.clone()), "{len}");
+        for at in 0..len {
+            let mut b = a.clone();
+            b[at] ^= 0x20;
+            assert!(!same(&a, &b), "{len} differing at {at}");
+        }
+        assert!(!same(&a, &a[..len.saturating_sub(1)]) || len == 0, "{len}");
+    }
+    let m = |x: StrMatch, s: &str| x.matches(s);
+    assert!(m(StrMatch::Prefix("sandbox-".into()), "sandbox-1"));
+    assert!(!m(StrMatch::Prefix("sandbox-".into()), "sandbox"));
+    assert!(m(StrMatch::Suffix("-untrusted".into()), "x-untrusted"));
+    assert!(!m(StrMatch::Suffix("-untrusted".into()), "untrusted"));
+    assert!(m(StrMatch::Prefix(String::new()), "") && m(StrMatch::Suffix(String::new()), ""));
+    assert!(m(StrMatch::Exact("abcdefghij".into()), "abcdefghij"));
+    assert!(!m(StrMatch::Exact("abcdefghij".into()), "abcdefghiJ"));
+}
+
 #[test]
 fn cidr() {
     let n = Net::new("10.1.0.0".parse().unwrap(), 16);
@@ -117,6 +182,19 @@ impl DryRun for Seen {
     }
     fn no_allow_matched(&mut self) {
         self.0 = true;
+    }
+}
+
+/// Records what `decide` reported about dry-run policies, in order.
+#[derive(Default)]
+struct Log(Vec<String>);
+
+impl DryRun for Log {
+    fn matched(&mut self, key: &str, action: Action) {
+        self.0.push(format!("{key} {}", action.as_str()));
+    }
+    fn no_allow_matched(&mut self) {
+        self.0.push("no allow matched".into());
     }
 }
 
@@ -176,6 +254,16 @@ fn what_reach_leaves_out_is_allowed_with_nothing_reported() {
                             || listed.iter().any(|l| policies.contains(l))
                     }
                 };
+                // A destination resolved once decides as one looked up on every call, reports included.
+                for conn in [tls(), plain()] {
+                    let (mut looked_up, mut resolved) = (Log::default(), Log::default());
+                    let target = idx.target(namespace, &listed);
+                    assert_eq!(
+                        idx.decide(&conn, namespace, &listed, &mut looked_up),
+                        idx.decide_for(&conn, &target, &mut resolved)
+                    );
+                    assert_eq!(looked_up.0, resolved.0);
+                }
                 if covered {
                     reached += 1;
                     continue;

@@ -26,6 +26,7 @@ pub mod engine;
 
 use engine::{
     Action, Conn, Denial, DryRun, Index, Match, Net, Policy, Reach, SaMatch, Scope, StrMatch,
+    Target,
 };
 use weft_plugin_sdk::hash;
 use weft_plugin_sdk::json::Value;
@@ -182,14 +183,21 @@ fn describe(conn: &Connection) -> String {
     )
 }
 
+/// The policy index with what was resolved against it: the two are replaced together, so a target never outlives
+/// the index it points into.
+#[derive(Default)]
+struct Policies {
+    index: Index,
+    /// Each destination workload resolved against `index` (its namespace's policies and the ones that select it),
+    /// under its key: two host calls, their strings and the lookups saved on every decision but a workload's
+    /// first.
+    targets: WorkloadCache<Target>,
+}
+
 /// The plugin: options, the policy index and its counters.
 pub struct IstioAuthz {
     options: Options,
-    index: Index,
-    /// Each destination workload's namespace and the WORKLOAD_SELECTOR policies that select it, under its key: two
-    /// host calls and their strings saved on every decision but a workload's first. (Host data only: valid
-    /// whatever the policies, so a state update keeps it.)
-    destinations: WorkloadCache<(String, Vec<String>)>,
+    policies: Policies,
     denials: Counter,
     dry_runs: Counter,
 }
@@ -198,8 +206,7 @@ impl TransportPolicy for IstioAuthz {
     fn configure(config: &str) -> Result<Self, String> {
         Ok(IstioAuthz {
             options: Options::parse(config)?,
-            index: Index::default(),
-            destinations: WorkloadCache::default(),
+            policies: Policies::default(),
             denials: Counter::define(
                 "istio_authz_denials_total",
                 "Connections istio-authz denied, by the policy that denied (`-`: no ALLOW policy matched).",
@@ -218,14 +225,17 @@ impl TransportPolicy for IstioAuthz {
     }
 
     fn update_policies(&mut self, policies: Vec<AuthorizationPolicy>) -> Result<(), String> {
-        self.index = Index::build(policies.into_iter().map(convert).collect());
+        self.policies = Policies {
+            index: Index::build(policies.into_iter().map(convert).collect()),
+            targets: WorkloadCache::default(),
+        };
         Ok(())
     }
 
     /// Outside what its policies reach, `authorize` allows with nothing matched, counted or logged: the host need
     /// not ask.
     fn scope(&self) -> ConnectionScope {
-        match self.index.reach() {
+        match self.policies.index.reach() {
             Reach::Everything => ConnectionScope::All,
             Reach::Destinations {
                 namespaces,
@@ -242,17 +252,19 @@ impl TransportPolicy for IstioAuthz {
     fn authorize(&mut self, conn: &Connection, workloads: &Workloads<'_>) -> Decision {
         // Enforced on the destination side only (HBONE inbound with the verified peer identity, plaintext inbound
         // without one).
-        if conn.direction == Direction::Outbound || self.index.is_empty() {
+        let Policies { index, targets } = &mut self.policies;
+        if conn.direction == Direction::Outbound || index.is_empty() {
             return Decision::Allow;
         }
-        let (namespace, selected): (Option<&str>, &[String]) = match workloads.destination {
-            Some(w) => {
-                let (namespace, selected) = self
-                    .destinations
-                    .get_or_derive(w, |w| (w.namespace(), w.authorization_policies()));
-                (Some(namespace), selected)
+        let unknown;
+        let target = match workloads.destination {
+            Some(w) => targets.get_or_derive(w, |w| {
+                index.target(Some(&w.namespace()), &w.authorization_policies())
+            }),
+            None => {
+                unknown = index.target(None, &[]);
+                &unknown
             }
-            None => (None, &[]),
         };
         let c = Conn::new(
             conn.source_addr(),
@@ -264,7 +276,7 @@ impl TransportPolicy for IstioAuthz {
             counter: &self.dry_runs,
             conn,
         };
-        match self.index.decide(&c, namespace, selected, &mut dry) {
+        match index.decide_for(&c, target, &mut dry) {
             Ok(()) => Decision::Allow,
             Err(denial) => {
                 let policy = match &denial {

@@ -281,8 +281,9 @@ fn connections_no_policy_reaches_are_allowed_without_a_call() {
     assert_eq!(calls(), (4, 2));
 }
 
-/// The plugin keeps each destination workload's namespace and selecting policies under the key the host gives
-/// that workload's metadata (`workload.key`), so decisions after the first ask the host nothing: metadata that
+/// The plugin keeps what it resolves for each destination workload (its namespace's and its selecting policies)
+/// under the key the host gives that workload's metadata (`workload.key`), so decisions after the first ask the
+/// host nothing: metadata that
 /// changed between decisions (another policy selects the workload, it moved namespace) must be decided on as it
 /// is now, also when the old and the new version alternate on one reused instance.
 #[test]
@@ -340,6 +341,43 @@ fn a_workload_whose_metadata_changed_is_decided_on_what_it_is_now() {
             "round {round}: every decision reached the plugin"
         );
     }
+}
+
+/// A workload decided under one policy set is decided under the next one as that set says, where what was resolved
+/// for it under the first (its namespace's policies and those it lists, as positions in the index) would point at
+/// a policy it does not list and deny. The host hands every policy set to new instances; the plugin keeps what
+/// it resolves together with the index it was resolved against (replaced as one), so an instance updated in
+/// place could not mix them either.
+#[test]
+fn a_policy_update_resolves_every_workload_again() {
+    let h = Harness::policy(&wasm(), "").unwrap();
+    let mut w = (*workload("server", "shop", "backend")).clone();
+    w.authorization_policies = vec!["shop/deny-9999".into()];
+    let to_9999 = ConnectionRecord {
+        dst_workload: Some(Arc::new(w)),
+        ..conn(9999, Some(PEER))
+    };
+    h.set_policies(&policies(
+        "[{name: allow-1, namespace: shop, scope: Namespace, action: Allow, rules: [[[{destinationPorts: [1]}]]]},
+          {name: deny-9999, namespace: shop, scope: WorkloadSelector, action: Deny, rules: [[[{destinationPorts: [9999]}]]]}]",
+    ));
+    match h.authorize(&to_9999) {
+        Verdict::Deny { reason, .. } => assert_eq!(reason, "explicitly denied by: shop/deny-9999"),
+        Verdict::Allow => panic!("allowed under the first policy set"),
+    }
+    // The listed policy now denies another port; the one at its old position denies 9999 but is not listed.
+    h.set_policies(&policies(
+        "[{name: deny-9999, namespace: shop, scope: WorkloadSelector, action: Deny, rules: [[[{destinationPorts: [9998]}]]]},
+          {name: deny-other, namespace: shop, scope: WorkloadSelector, action: Deny, rules: [[[{destinationPorts: [9999]}]]]}]",
+    ));
+    for _ in 0..2 {
+        assert!(
+            h.authorize(&to_9999).is_allow(),
+            "decided on what was resolved against the old policy set"
+        );
+    }
+    let s = &h.host().status()[0];
+    assert_eq!((s.calls, s.out_of_scope), (3, 0), "{s:?}");
 }
 
 #[test]
