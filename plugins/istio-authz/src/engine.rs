@@ -548,9 +548,6 @@ impl Index {
         selected: &[String],
         dry: &mut impl DryRun,
     ) -> Result<(), Denial> {
-        if self.policies.is_empty() {
-            return Ok(());
-        }
         let group = namespace
             .and_then(|n| self.by_namespace.get(n))
             .map(|&g| &self.groups[g as usize]);
@@ -581,13 +578,11 @@ impl Index {
         target: &Target,
         dry: &mut impl DryRun,
     ) -> Result<(), Denial> {
-        if self.policies.is_empty() {
-            return Ok(());
-        }
         let group = target.group.map(|g| &self.groups[g as usize]);
         self.decide_in(conn, group, &target.selected, dry)
     }
 
+    /// Both deciders' common part: the order of ztunnel's evaluation (see the module documentation).
     fn decide_in(
         &self,
         conn: &Conn<'_>,
@@ -595,6 +590,9 @@ impl Index {
         selected: &[u32],
         dry: &mut impl DryRun,
     ) -> Result<(), Denial> {
+        if self.policies.is_empty() {
+            return Ok(());
+        }
         for p in self.applicable(ns, selected, Action::Deny, true) {
             if p.rules.matches(conn) {
                 dry.matched(&p.key, Action::Deny);
