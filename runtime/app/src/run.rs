@@ -142,11 +142,11 @@ async fn apply_plugins(host: &Arc<PluginHost>, state: &MeshState, defaults: bool
 }
 
 /// The plugin host's settings. A call never creates a plugin instance (it fails with `no_instance` when none is
-/// idle), so each plugin keeps one for every thread that may call at once: the data-path workers and the thread
-/// re-checking live connections.
+/// idle), so each policy plugin keeps one for every thread that may call at once: the data-path workers and the
+/// thread re-checking live connections. (A telemetry plugin keeps two: only the telemetry thread calls it.)
 fn plugin_host_config(args: &RunArgs) -> HostConfig {
     let defaults = HostConfig::default();
-    // Calls never create instances, so each plugin keeps one per thread that may call at once (the data-path
+    // Calls never create instances, so each policy plugin keeps one per thread that may call at once (the data-path
     // workers and the re-check thread), twice over: a burst of trapping calls (each throws its instance away)
     // then leaves instances for the plugin's healthy calls while the refill thread replaces the lost ones.
     let instances = defaults

@@ -39,7 +39,7 @@ pub struct HostConfig {
     /// Instances created and configured when a version loads, before it serves, and the size the background
     /// refill keeps the idle pool at. Calls never create instances (a call that finds none idle fails at once with
     /// `no_instance`), so this should be at least the number of threads that call at once (`weft run` uses the
-    /// data-path worker count + 1).
+    /// data-path worker count + 1). Telemetry plugins, which only the telemetry thread calls, keep at most two.
     pub prewarm_instances: usize,
     /// Metric series a plugin may create (all its metrics together); more are dropped and counted
     /// (`weft_plugin_metric_dropped_total{reason="series_cap"}`).

@@ -17,6 +17,13 @@ use crate::scope::Scope;
 use crate::shared::Shared;
 use crate::store::{LogLimiter, PluginCtx};
 
+/// Instances a telemetry plugin's pool keeps (at most; fewer when the host is configured to pre-warm fewer). One
+/// thread calls telemetry plugins, the host's telemetry thread, one batch at a time: an instance for it and a spare
+/// that the next batch finds ready when a call traps and its instance is thrown away, while the refill thread
+/// replaces it. (Sized like a policy plugin's pool, for every data-path thread twice over, a node kept ten, each
+/// with its linear memory and its host-side state resident for nothing.)
+const TELEMETRY_INSTANCES: usize = 2;
+
 /// The authorization policies in WIT form, shared by every version that wants them.
 pub(crate) type PolicyState = Arc<Vec<wit::AuthorizationPolicy>>;
 
@@ -172,11 +179,12 @@ impl PluginVersion {
             tracing::debug!(plugin = %spec.name, scope = %scope.describe(), "policy plugin is asked only about connections in its scope");
         }
         factory.state = state.clone();
-        let target = shared
-            .config
-            .prewarm_instances
-            .max(instances)
-            .clamp(1, shared.config.max_idle_per_plugin.max(1));
+        let wanted = shared.config.prewarm_instances.max(instances);
+        let wanted = match spec.kind {
+            PluginKind::Policy => wanted,
+            PluginKind::Telemetry => wanted.min(TELEMETRY_INSTANCES),
+        };
+        let target = wanted.clamp(1, shared.config.max_idle_per_plugin.max(1));
         let mut idle = vec![first];
         for _ in 1..target {
             idle.push(factory.create()?);

@@ -499,6 +499,41 @@ fn telemetry_plugin_metrics_and_status() {
     assert_eq!(status[1]["kind"], "policy");
 }
 
+/// A policy plugin is called by every data-path thread at once and keeps the instances the host pre-warms; a
+/// telemetry plugin is called by the telemetry thread alone and keeps two (one to call, one spare), whatever the
+/// pre-warm count, also after a state update loads its next version.
+#[test]
+fn a_telemetry_plugin_keeps_two_instances_a_policy_plugin_the_prewarmed_count() {
+    let host = PluginHost::new(HostConfig {
+        prewarm_instances: 6,
+        max_idle_per_plugin: 8,
+        ..HostConfig::default()
+    })
+    .unwrap();
+    let specs = [
+        telemetry("counter", &counter(), ""),
+        policy("p", &allowlist(), "{}"),
+    ];
+    for policies in [vec![], vec![authz("a")]] {
+        let report = host.apply(&specs, &policies);
+        assert!(report.rejected().is_empty(), "{report:?}");
+        let pools: Vec<_> = host
+            .status()
+            .into_iter()
+            .map(|s| (s.name, s.kind, s.pool_target, s.idle_instances))
+            .collect();
+        assert_eq!(
+            pools,
+            [
+                ("counter".to_string(), "telemetry", 2, 2),
+                ("p".to_string(), "policy", 6, 6)
+            ],
+            "with {} policies",
+            policies.len()
+        );
+    }
+}
+
 #[test]
 fn every_plugin_builds_for_wasm32() {
     let built = weft_plugin_host::testing::build_plugins_workspace().expect("build plugins/");
