@@ -213,8 +213,6 @@ impl Policy {
 #[derive(Debug)]
 struct Indexed {
     key: String,
-    scope: Scope,
-    namespace: String,
     action: Action,
     dry_run: bool,
     rules: Rules,
@@ -278,26 +276,14 @@ impl<'a> Peer<'a> {
                 n += 1;
             }
         }
-        let sa = (n == 4)
-            .then(|| {
-                let [a, b, c, d] = slash;
-                let p = principal;
-                (
-                    &p[..a],
-                    &p[a + 1..b],
-                    &p[b + 1..c],
-                    &p[c + 1..d],
-                    &p[d + 1..],
-                )
-            })
-            .and_then(|(td, ns_tag, ns, sa_tag, sa)| {
-                (!td.is_empty()
-                    && ns_tag == "ns"
-                    && !ns.is_empty()
-                    && sa_tag == "sa"
-                    && !sa.is_empty())
-                .then_some((ns, sa))
-            });
+        let sa = if n == 4 {
+            let ([a, b, c, d], p) = (slash, principal);
+            let (td, ns, sa) = (&p[..a], &p[b + 1..c], &p[d + 1..]);
+            let tags = (&p[a + 1..b], &p[c + 1..d]) == ("ns", "sa");
+            (tags && !td.is_empty() && !ns.is_empty() && !sa.is_empty()).then_some((ns, sa))
+        } else {
+            None
+        };
         Peer {
             principal: Some(principal),
             namespace: sa.map_or("", |(ns, _)| ns),
@@ -422,33 +408,36 @@ impl Index {
             by_key: FxMap::with_capacity_and_hasher(policies.len(), Default::default()),
             ..Index::default()
         };
+        // Where each indexed policy applies: needed only to group them, once the last of each key is known.
+        let mut placed: Vec<(Scope, String)> = Vec::with_capacity(policies.len());
         for policy in policies {
             let item = Indexed {
                 key: format!("{}/{}", policy.namespace, policy.name),
-                scope: policy.scope,
-                namespace: policy.namespace,
                 action: policy.action,
                 dry_run: policy.dry_run,
                 rules: Rules::compile(policy.rules),
             };
+            let place = (policy.scope, policy.namespace);
             match index.by_key.get(&item.key) {
-                Some(&i) => index.policies[i as usize] = item,
+                Some(&i) => {
+                    index.policies[i as usize] = item;
+                    placed[i as usize] = place;
+                }
                 None => {
                     let i = index.policies.len() as u32;
                     index.by_key.insert(item.key.clone(), i);
                     index.policies.push(item);
+                    placed.push(place);
                 }
             }
         }
-        for (i, p) in index.policies.iter().enumerate() {
-            match p.scope {
+        for (i, (scope, namespace)) in placed.into_iter().enumerate() {
+            let p = &index.policies[i];
+            match scope {
                 Scope::Global => index.global.push(i as u32, p),
                 Scope::Namespace => {
                     let next = index.groups.len() as u32;
-                    let g = *index
-                        .by_namespace
-                        .entry(p.namespace.clone())
-                        .or_insert(next);
+                    let g = *index.by_namespace.entry(namespace).or_insert(next);
                     if g == next {
                         index.groups.push(Group::default());
                     }

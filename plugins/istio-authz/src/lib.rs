@@ -262,7 +262,8 @@ impl TransportPolicy for IstioAuthz {
                 index.target(Some(&w.namespace()), &w.authorization_policies())
             }),
             None => {
-                unknown = index.target(None, &[]);
+                // Only the global policies apply: nothing to resolve.
+                unknown = Target::default();
                 &unknown
             }
         };
