@@ -119,12 +119,41 @@ impl Keys {
             .open_in_place(self.nonce(), Aad::from(header), body)
             .map_err(|_| Error::BadRecordMac)?;
         self.seq += 1;
-        // TLSInnerPlaintext: content, then the content type, then zero padding.
-        match plain.iter().rposition(|&b| b != 0) {
-            Some(at) if at <= MAX_PLAINTEXT => Ok((plain[at], at)),
-            Some(_) => Err(Error::RecordOverflow),
-            None => Err(Error::UnexpectedMessage("a record with no content type")),
+        inner_content(plain)
+    }
+
+    /// Open the record whose header is `header` and whose body is `body` into `out`, which must be exactly
+    /// `body.len() - TAG_LEN` bytes: the AEAD reads the ciphertext where it is and writes the inner plaintext
+    /// there, so application data opened into the reader's buffer is never copied again. Returns what
+    /// [`open`](Self::open) does, the content starting at `out[0]`; after a failure `out` holds nothing usable.
+    pub(crate) fn open_into(
+        &mut self,
+        header: [u8; HEADER_LEN],
+        body: &[u8],
+        out: &mut [u8],
+    ) -> Result<(u8, usize), Error> {
+        let Some(at) = body.len().checked_sub(TAG_LEN) else {
+            return Err(Error::BadRecordMac);
+        };
+        if out.len() != at {
+            return Err(Error::Crypto);
         }
+        let (ciphertext, tag) = body.split_at(at);
+        self.key
+            .open_separate_gather(self.nonce(), Aad::from(header), ciphertext, tag, out)
+            .map_err(|_| Error::BadRecordMac)?;
+        self.seq += 1;
+        inner_content(out)
+    }
+}
+
+/// The content type and content length of a `TLSInnerPlaintext`: the content, then the content type, then zero
+/// padding.
+fn inner_content(plain: &[u8]) -> Result<(u8, usize), Error> {
+    match plain.iter().rposition(|&b| b != 0) {
+        Some(at) if at <= MAX_PLAINTEXT => Ok((plain[at], at)),
+        Some(_) => Err(Error::RecordOverflow),
+        None => Err(Error::UnexpectedMessage("a record with no content type")),
     }
 }
 
@@ -179,6 +208,43 @@ mod tests {
             (APPLICATION_DATA, &data[..])
         );
         assert_eq!(rx.seq, 6);
+    }
+
+    #[test]
+    fn a_record_opened_into_another_buffer_gives_what_opening_in_place_gives() {
+        let mut tx = keys(3);
+        let data: Vec<u8> = (0..3000u32).map(|i| (i % 199) as u8).collect();
+        let mut rec = vec![0u8; record_len(data.len())];
+        tx.seal(APPLICATION_DATA, &data, &mut rec).unwrap();
+        let h: [u8; HEADER_LEN] = rec[..HEADER_LEN].try_into().unwrap();
+        let mut out = vec![0xAAu8; rec.len() - HEADER_LEN - TAG_LEN];
+        let mut rx = keys(3);
+        let (ct, n) = rx.open_into(h, &rec[HEADER_LEN..], &mut out).unwrap();
+        assert_eq!((ct, &out[..n]), (APPLICATION_DATA, &data[..]));
+        assert_eq!(rx.seq, 4);
+        let mut in_place = rec.clone();
+        assert_eq!(
+            keys(3).open(h, &mut in_place[HEADER_LEN..]).unwrap(),
+            (ct, n)
+        );
+        // The wrong room, a wrong sequence, an altered body: refused, and the sequence stays.
+        let mut short = vec![0u8; out.len() - 1];
+        assert!(matches!(
+            keys(3).open_into(h, &rec[HEADER_LEN..], &mut short),
+            Err(Error::Crypto)
+        ));
+        let mut altered = rec.clone();
+        altered[HEADER_LEN + 10] ^= 0x40;
+        let mut rx = keys(3);
+        assert!(matches!(
+            rx.open_into(h, &altered[HEADER_LEN..], &mut out),
+            Err(Error::BadRecordMac)
+        ));
+        assert!(matches!(
+            keys(4).open_into(h, &rec[HEADER_LEN..], &mut out),
+            Err(Error::BadRecordMac)
+        ));
+        assert_eq!(rx.seq, 3);
     }
 
     #[test]

@@ -4,8 +4,7 @@
 //! Reading: the transport is read into one buffer ([`READ_AHEAD`] at a time while reads bring at least
 //! [`FIRST_READ`]), each record is opened in place there, and its content is copied once, into the caller's
 //! buffer. Writing: each record is sealed from the caller's buffer directly into a queue of reusable output chunks
-//! (no plaintext copy; only a record that spans two of the caller's slices, such as an HTTP/2 frame header and its
-//! payload, is first gathered), and the queue goes out in vectored writes of up to [`SEND_BUFFER`] bytes. Both
+//! (no plaintext copy; only short pieces, such as an HTTP/2 frame's head, are gathered with what follows them), and the queue goes out in vectored writes of up to [`SEND_BUFFER`] bytes. Both
 //! buffers are given back once a connection stops moving bulk data, so an idle connection holds none.
 
 use std::collections::VecDeque;
@@ -46,6 +45,11 @@ const CHUNK: usize = 4 * record_len(MAX_PLAINTEXT);
 const SPARE_CHUNKS: usize = SEND_BUFFER / CHUNK + 2;
 /// Flushes in a row that wrote less than a chunk before a stream that moved bulk data gives its buffers back.
 const QUIET_FLUSHES: u32 = 4;
+/// A piece of the caller's slices shorter than this that ends inside a record is copied into that record with
+/// what follows it; a longer one ends a shorter record instead (see `seal_from`). An HTTP/2 DATA frame comes as its
+/// head with the payload's first bytes (256 together, h2's chaining threshold), then the rest of the payload:
+/// gathering a whole record there copied 16 KiB of every frame.
+const GATHER_BELOW: usize = 1024;
 /// A write smaller than this gets an output buffer of its own size instead of a chunk.
 const SMALL_WRITE: usize = 4096;
 /// Post-handshake handshake bytes buffered while a message is incomplete.
@@ -255,7 +259,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
             if this.read_closed {
                 return Poll::Ready(Ok(()));
             }
-            match this.next_record() {
+            match this.next_record(out) {
                 Ok(true) => continue,
                 Ok(false) => {}
                 Err(e) => {

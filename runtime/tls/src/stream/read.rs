@@ -14,7 +14,7 @@ use super::{
     Sticky, TlsStream, USER_CANCELED,
 };
 use crate::Error;
-use crate::record::{ALERT, APPLICATION_DATA, HANDSHAKE, HEADER_LEN, Keys, parse_header};
+use crate::record::{ALERT, APPLICATION_DATA, HANDSHAKE, HEADER_LEN, Keys, TAG_LEN, parse_header};
 
 impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
     /// Copy what is decrypted and waiting into `out`; false if nothing was waiting.
@@ -50,27 +50,47 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
         }
     }
 
-    /// Open the next record if it is all in the buffer; false if more bytes are needed.
-    pub(super) fn next_record(&mut self) -> Result<bool, Error> {
+    /// Open the next record if it is all in the buffer; false if more bytes are needed. Where `out` has room for
+    /// the record's inner plaintext, the record is opened straight into it (application data is then delivered
+    /// without a copy); otherwise in place, its content handed out from the buffer.
+    pub(super) fn next_record(&mut self, out: &mut ReadBuf<'_>) -> Result<bool, Error> {
         let Some(h) = self.rbuf.get(..HEADER_LEN) else {
             return Ok(false);
         };
         let mut header = [0u8; HEADER_LEN];
         header.copy_from_slice(h);
         let end = HEADER_LEN + parse_header(header)?;
-        let Some(body) = self.rbuf.get_mut(HEADER_LEN..end) else {
+        if self.rbuf.len() < end {
             return Ok(false);
+        }
+        let room = end - HEADER_LEN - TAG_LEN;
+        let direct = out.remaining() >= room;
+        let (content_type, n) = if direct {
+            // Only bytes of `out` never written before are zeroed first (the AEAD takes initialised memory).
+            let into = out.initialize_unfilled_to(room);
+            self.rx
+                .open_into(header, &self.rbuf[HEADER_LEN..end], into)?
+        } else {
+            self.rx.open(header, &mut self.rbuf[HEADER_LEN..end])?
         };
-        let (content_type, n) = self.rx.open(header, body)?;
         if content_type != HANDSHAKE && !self.hs.is_empty() {
             return Err(Error::UnexpectedMessage(
                 "a record inside a fragmented handshake message",
             ));
         }
+        let at = out.filled().len();
+        let content = if direct {
+            &out.initialized()[at..at + n]
+        } else {
+            &self.rbuf[HEADER_LEN..HEADER_LEN + n]
+        };
         match content_type {
             APPLICATION_DATA => {
                 self.key_updates_in_a_row = 0;
-                if n == 0 {
+                if direct {
+                    out.advance(n);
+                    self.consume(end);
+                } else if n == 0 {
                     self.consume(end);
                 } else {
                     self.plain = Some(Plain {
@@ -89,13 +109,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
                         "a post-handshake message too large",
                     ));
                 }
-                self.hs
-                    .extend_from_slice(&self.rbuf[HEADER_LEN..HEADER_LEN + n]);
+                self.hs.extend_from_slice(content);
                 self.consume(end);
                 self.handle_handshake()?;
             }
             ALERT => {
-                let alert = (n == 2).then(|| self.rbuf[HEADER_LEN + 1]);
+                let alert = (n == 2).then(|| content[1]);
                 self.consume(end);
                 match alert {
                     None => return Err(Error::UnexpectedMessage("a malformed alert")),

@@ -91,3 +91,102 @@ async fn records_after_close_notify_are_ignored() {
         "no data after our close_notify"
     );
 }
+
+/// Write `slices` as one vectored write (all of it taken), flush, and read it back through `b`, `read_size` bytes of
+/// room per read; returns the records the write took (meaningless across a key update, which restarts the count).
+async fn vectored_round_trip(
+    a: &mut TlsStream<tokio::io::DuplexStream>,
+    b: &mut TlsStream<tokio::io::DuplexStream>,
+    slices: &[&[u8]],
+    read_size: usize,
+) -> u64 {
+    let want: Vec<u8> = slices.concat();
+    let before = a.tx.seq;
+    let io: Vec<IoSlice<'_>> = slices.iter().map(|s| IoSlice::new(s)).collect();
+    let mut got = Vec::new();
+    let (w, r) = tokio::join!(
+        async {
+            let n = a.write_vectored(&io).await?;
+            assert_eq!(n, want.len(), "one write takes it all");
+            a.flush().await
+        },
+        async {
+            let mut buf = vec![0u8; read_size];
+            while got.len() < want.len() {
+                let n = b.read(&mut buf).await?;
+                assert!(n > 0, "early end");
+                got.extend_from_slice(&buf[..n]);
+            }
+            Ok::<_, io::Error>(())
+        }
+    );
+    w.unwrap();
+    r.unwrap();
+    assert!(got == want, "the bytes arrive as written");
+    a.tx.seq.wrapping_sub(before)
+}
+
+#[tokio::test]
+async fn a_frame_head_before_a_long_payload_is_not_sealed_with_a_copy_of_the_payload() {
+    let (mut a, mut b) = pair().await;
+    // h2's shape: its head buffer (9 bytes of frame head and the payload's first bytes, 256 together), then the rest.
+    let head: Vec<u8> = (0..256u32).map(|i| i as u8).collect();
+    let payload: Vec<u8> = (0..4 * MAX_PLAINTEXT).map(|i| (i % 251) as u8).collect();
+    let records = vectored_round_trip(&mut a, &mut b, &[&head, &payload], 1 << 20).await;
+    // The head alone, then four full records straight from the payload (gathering would have made four records,
+    // the first copying 16 KiB of the payload).
+    assert_eq!(records, 5);
+    assert!(
+        a.gather.capacity() < GATHER_BELOW,
+        "{}",
+        a.gather.capacity()
+    );
+    // A long slice ending inside a record ends a shorter record; the next long slice starts its own.
+    let first = vec![7u8; MAX_PLAINTEXT + 3000];
+    let records = vectored_round_trip(&mut a, &mut b, &[&first, &payload], 1 << 20).await;
+    assert_eq!(records, 2 + 4);
+}
+
+#[tokio::test]
+async fn short_slices_are_gathered_into_full_records() {
+    let (mut a, mut b) = pair().await;
+    let small: Vec<Vec<u8>> = (0..64u8).map(|i| vec![i; 512]).collect();
+    let slices: Vec<&[u8]> = small.iter().map(Vec::as_slice).collect();
+    // 32 KiB in 512-byte slices: two full records.
+    assert_eq!(
+        vectored_round_trip(&mut a, &mut b, &slices, 1 << 20).await,
+        2
+    );
+    // Short pieces, then a long slice: the pieces go together, the long slice starts its own records.
+    let long = vec![9u8; 20_000];
+    let records =
+        vectored_round_trip(&mut a, &mut b, &[&small[0], &small[1], &long], 1 << 20).await;
+    assert_eq!(records, 1 + 2);
+    // A short piece that completes a record is copied from a long slice; a long remainder is not.
+    let nearly = vec![3u8; MAX_PLAINTEXT - 100];
+    let records =
+        vectored_round_trip(&mut a, &mut b, &[&small[2][..200], &nearly, &long], 1 << 20).await;
+    assert_eq!(records, 1 + 1 + 2);
+}
+
+#[tokio::test]
+async fn records_read_into_ample_or_scant_room_deliver_the_same_bytes() {
+    let (mut a, mut b) = pair().await;
+    let data: Vec<u8> = (0..3 * MAX_PLAINTEXT + 77)
+        .map(|i| (i % 241) as u8)
+        .collect();
+    // Room for whole records: each is opened straight into the reader's buffer.
+    vectored_round_trip(&mut a, &mut b, &[&data], MAX_PLAINTEXT + 64).await;
+    assert!(b.plain.is_none());
+    // Less room than a record: opened in place and handed out in pieces.
+    vectored_round_trip(&mut a, &mut b, &[&data], 1000).await;
+    vectored_round_trip(&mut a, &mut b, &[&data], 1).await;
+    // A key update, then a close, each arriving in a record opened into the reader's buffer.
+    a.refresh_traffic_keys(true);
+    vectored_round_trip(&mut a, &mut b, &[&data], MAX_PLAINTEXT + 64).await;
+    assert_eq!(b.rx.seq, a.tx.seq);
+    a.shutdown().await.unwrap();
+    let mut rest = vec![0u8; 4 * MAX_PLAINTEXT];
+    assert_eq!(b.read(&mut rest).await.unwrap(), 0);
+    assert!(b.read_closed);
+}

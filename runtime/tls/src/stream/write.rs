@@ -7,7 +7,9 @@ use std::task::{Context, Poll, ready};
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::{CHUNK, Chunk, QUIET_FLUSHES, SMALL_WRITE, SPARE_CHUNKS, Sticky, TlsStream};
+use super::{
+    CHUNK, Chunk, GATHER_BELOW, QUIET_FLUSHES, SMALL_WRITE, SPARE_CHUNKS, Sticky, TlsStream,
+};
 use crate::Error;
 use crate::record::{APPLICATION_DATA, HANDSHAKE, Keys, MAX_PLAINTEXT, record_len};
 
@@ -61,6 +63,11 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
     }
 
     /// Seal up to `limit` bytes from `bufs` as application data; returns how many were taken.
+    ///
+    /// A record is sealed where its bytes are whenever they lie in one slice. Where a slice ends inside a record,
+    /// a long slice's end is sealed as a shorter record of its own, so no bulk payload is copied before sealing;
+    /// only pieces shorter than [`GATHER_BELOW`] (an HTTP/2 frame's head, say) are gathered with what follows, up
+    /// to the next long slice, which starts a record of its own.
     pub(super) fn seal_from(&mut self, bufs: &[IoSlice<'_>], limit: usize) -> Result<usize, Error> {
         let total = bufs.iter().map(|b| b.len()).sum::<usize>().min(limit);
         let (mut i, mut off, mut taken) = (0, 0, 0);
@@ -73,24 +80,31 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
                     i += 1;
                     off = 0;
                 }
-                if bufs[i].len() - off >= n {
-                    self.seal_record(APPLICATION_DATA, &bufs[i][off..off + n], total - taken)?;
-                    off += n;
-                } else {
-                    gather.clear();
-                    while gather.len() < n {
-                        if bufs[i].len() == off {
-                            i += 1;
-                            off = 0;
-                            continue;
-                        }
-                        let k = (bufs[i].len() - off).min(n - gather.len());
-                        gather.extend_from_slice(&bufs[i][off..off + k]);
-                        off += k;
-                    }
-                    self.seal_record(APPLICATION_DATA, &gather, total - taken)?;
+                let rest = bufs[i].len() - off;
+                if rest >= n.min(GATHER_BELOW) {
+                    let k = rest.min(n);
+                    self.seal_record(APPLICATION_DATA, &bufs[i][off..off + k], total - taken)?;
+                    off += k;
+                    taken += k;
+                    continue;
                 }
-                taken += n;
+                gather.clear();
+                while gather.len() < n {
+                    if bufs[i].len() == off {
+                        i += 1;
+                        off = 0;
+                        continue;
+                    }
+                    let (avail, want) = (bufs[i].len() - off, n - gather.len());
+                    if !gather.is_empty() && avail >= GATHER_BELOW && want >= GATHER_BELOW {
+                        break;
+                    }
+                    let k = avail.min(want);
+                    gather.extend_from_slice(&bufs[i][off..off + k]);
+                    off += k;
+                }
+                self.seal_record(APPLICATION_DATA, &gather, total - taken)?;
+                taken += gather.len();
             }
             Ok(())
         })();
