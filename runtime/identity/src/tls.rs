@@ -19,15 +19,16 @@ use crate::spiffe::SpiffeId;
 /// ALPN protocol spoken over HBONE.
 pub const ALPN_H2: &[u8] = b"h2";
 
-/// The crypto provider weft uses: aws-lc-rs, TLS 1.3 suites AES-128-GCM and AES-256-GCM only.
+/// The crypto provider weft uses: aws-lc-rs, TLS 1.3 suites AES-256-GCM and AES-128-GCM only, in Istio's order of
+/// preference (ztunnel's `tls::lib::provider`), so a weft node protects its connections as a ztunnel node would.
 pub fn provider() -> Arc<CryptoProvider> {
     static PROVIDER: std::sync::OnceLock<Arc<CryptoProvider>> = std::sync::OnceLock::new();
     PROVIDER
         .get_or_init(|| {
             let mut p = rustls::crypto::aws_lc_rs::default_provider();
             p.cipher_suites = vec![
-                rustls::crypto::aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256,
                 rustls::crypto::aws_lc_rs::cipher_suite::TLS13_AES_256_GCM_SHA384,
+                rustls::crypto::aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256,
             ];
             Arc::new(p)
         })

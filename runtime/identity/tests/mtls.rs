@@ -46,6 +46,11 @@ async fn handshake(
         .await
         .map_err(|e| e.to_string())?;
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    // Istio's order of preference (ztunnel's provider): AES-256-GCM first.
+    assert_eq!(
+        tls.get_ref().1.negotiated_cipher_suite().map(|s| s.suite()),
+        Some(rustls::CipherSuite::TLS13_AES_256_GCM_SHA384)
+    );
     tls.write_all(b"ping").await.unwrap();
     let mut b = [0u8; 4];
     tls.read_exact(&mut b).await.map_err(|e| e.to_string())?;
