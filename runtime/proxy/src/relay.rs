@@ -23,8 +23,8 @@ use crate::tracker::ConnControl;
 
 /// Smallest and largest read: reads grow (×4) while they fill the buffer, so short-lived and idle connections stay
 /// cheap and bulk transfers use large reads. A read from a socket becomes one DATA frame (h2's frame size is 1 MiB),
-/// so 1 MiB reads let a bulk flow go out in large frames and large TLS writes (with
-/// [`weft_tls::SEND_BUFFER`]; see there for what the two measured).
+/// so 1 MiB reads let a bulk flow go out in large frames, each sealed and written at once (see
+/// [`weft_tls::SEND_BUFFER`] for what that measured).
 const MIN_BUF: usize = 4 * 1024;
 const MAX_BUF: usize = 1024 * 1024;
 

@@ -293,7 +293,14 @@ async fn a_quiet_connection_holds_no_buffers_after_bulk_data() {
     let (mut a, mut b) = weft_pair(SUITES[0]).await;
     let bulk = pattern(4 * 1024 * 1024, 9);
     let mut got = vec![0u8; bulk.len()];
-    let (w, r) = tokio::join!(async { a.write_all(&bulk).await }, b.read_exact(&mut got));
+    // Written, then flushed: what the last writes sealed may wait in the stream's queue until then.
+    let (w, r) = tokio::join!(
+        async {
+            a.write_all(&bulk).await?;
+            a.flush().await
+        },
+        b.read_exact(&mut got)
+    );
     w.unwrap();
     r.unwrap();
     assert!(got == bulk);

@@ -9,6 +9,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::{
     CHUNK, Chunk, GATHER_BELOW, QUIET_FLUSHES, SMALL_WRITE, SPARE_CHUNKS, Sticky, TlsStream,
+    WRITE_SLICES,
 };
 use crate::Error;
 use crate::record::{APPLICATION_DATA, HANDSHAKE, Keys, MAX_PLAINTEXT, record_len};
@@ -120,7 +121,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
     pub(super) fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let mut progressed = false;
         while self.queued > 0 {
-            let mut slices = [IoSlice::new(&[]); 16];
+            let mut slices = [IoSlice::new(&[]); WRITE_SLICES];
             let mut k = 0;
             for c in self
                 .out
