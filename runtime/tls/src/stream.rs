@@ -2,10 +2,11 @@
 //! straight from the caller's buffers, over any async transport.
 //!
 //! Reading: the transport is read into one buffer ([`READ_AHEAD`] at a time while reads bring at least
-//! [`FIRST_READ`]), each record is opened in place there, and its content is copied once, into the caller's
-//! buffer. Writing: each record is sealed from the caller's buffer directly into a queue of reusable output chunks
-//! (no plaintext copy; only short pieces, such as an HTTP/2 frame's head, are gathered with what follows them), and the queue goes out in vectored writes of up to [`SEND_BUFFER`] bytes. Both
-//! buffers are given back once a connection stops moving bulk data, so an idle connection holds none.
+//! [`FIRST_READ`]), and each record is opened from there straight into the caller's buffer when that has room for
+//! it (else in place, its content then copied out). Writing: each record is sealed from the caller's buffer directly into a queue of reusable output chunks
+//! (no plaintext copy; only short pieces, such as an HTTP/2 frame's head, are gathered with what follows them), and
+//! the queue goes out in vectored writes of up to [`SEND_BUFFER`] bytes. Both buffers are given back once a
+//! connection stops moving bulk data, so an idle connection holds none.
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};

@@ -133,8 +133,8 @@ async fn a_frame_head_before_a_long_payload_is_not_sealed_with_a_copy_of_the_pay
     let head: Vec<u8> = (0..256u32).map(|i| i as u8).collect();
     let payload: Vec<u8> = (0..4 * MAX_PLAINTEXT).map(|i| (i % 251) as u8).collect();
     let records = vectored_round_trip(&mut a, &mut b, &[&head, &payload], 1 << 20).await;
-    // The head alone, then four full records straight from the payload (gathering would have made four records,
-    // the first copying 16 KiB of the payload).
+    // The head alone, then four full records straight from the payload. (Gathering made as many records, the
+    // first with 16 KiB of the payload copied into it: the gather buffer's size tells the two apart.)
     assert_eq!(records, 5);
     assert!(
         a.gather.capacity() < GATHER_BELOW,
