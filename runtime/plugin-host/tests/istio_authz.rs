@@ -518,3 +518,245 @@ fn bad_config_is_rejected() {
     let err = Harness::policy(&wasm(), r#"{"logDenials": "yes"}"#).unwrap_err();
     assert!(err.contains("must be a boolean"), "{err}");
 }
+
+// ---- Istio ambient's own policies -------------------------------------------------------------------------------
+
+/// The policies istiod makes of PeerAuthentications and waypoints (istio/istio at
+/// 86c9f01fd735fb01d8192f5bcaf0d424afb7f14c), as weft's xDS conversion holds them:
+/// `runtime/state/tests/istio_ambient.rs` builds istiod's protobuf and asserts `weft_state::xds::authorization`
+/// yields exactly these values, names included (this crate does not depend on the protobuf types).
+mod istiod {
+    use std::sync::Arc;
+
+    use weft_state::{Policy, PolicyAction, PolicyMatch, PolicyScope, StringMatch};
+
+    /// `notPrincipals: [presence]` (no mTLS identity), on `ports` when any.
+    pub fn plaintext(ports: &[u16]) -> PolicyMatch {
+        PolicyMatch {
+            not_principals: vec![StringMatch::Presence],
+            destination_ports: ports.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    /// `notDestinationPorts: [port]`.
+    pub fn not_port(port: u16) -> PolicyMatch {
+        PolicyMatch {
+            not_destination_ports: vec![port],
+            ..Default::default()
+        }
+    }
+
+    /// A WORKLOAD_SELECTOR DENY policy: groups (OR) of rules (AND), each rule one match.
+    pub fn deny(namespace: &str, name: &str, groups: Vec<Vec<PolicyMatch>>) -> Arc<Policy> {
+        Arc::new(Policy {
+            name: name.into(),
+            namespace: namespace.into(),
+            scope: PolicyScope::WorkloadSelector,
+            action: PolicyAction::Deny,
+            dry_run: false,
+            rules: groups
+                .into_iter()
+                .map(|rules| rules.into_iter().map(|m| vec![m]).collect())
+                .collect(),
+        })
+    }
+
+    /// `istio-system/istio_converted_static_strict` (`DefaultPolicy`, pilot/pkg/serviceregistry/ambient/
+    /// policies.go), which every STRICT workload lists.
+    pub fn static_strict() -> Arc<Policy> {
+        deny(
+            "istio-system",
+            "istio_converted_static_strict",
+            vec![vec![plaintext(&[])]],
+        )
+    }
+
+    /// `ns1/converted_peer_authentication_strict-mtls`: mode UNSET, port 8080 STRICT
+    /// (testdata/peer-authn-unset-port-mtls-strict.yaml).
+    pub fn strict_port_8080() -> Arc<Policy> {
+        deny(
+            "ns1",
+            "converted_peer_authentication_strict-mtls",
+            vec![vec![plaintext(&[8080])]],
+        )
+    }
+
+    /// `ns1/converted_peer_authentication_strict-and-permissive-mtls`: mode STRICT, port 9090 PERMISSIVE
+    /// (testdata/peer-authn-strict-and-permissive-port-mtls.yaml): plaintext AND not port 9090.
+    pub fn strict_except_9090() -> Arc<Policy> {
+        deny(
+            "ns1",
+            "converted_peer_authentication_strict-and-permissive-mtls",
+            vec![vec![plaintext(&[]), not_port(9090)]],
+        )
+    }
+
+    /// `ns1/istio_allow_waypoint_ns1_waypoint-ns` (`implicitWaypointPolicy`, policies.go; the service accounts of
+    /// `TestDefaultAllowWaypointPolicy`, ambientindex_test.go).
+    pub fn waypoint_allow() -> Arc<Policy> {
+        Arc::new(Policy {
+            name: "istio_allow_waypoint_ns1_waypoint-ns".into(),
+            namespace: "ns1".into(),
+            scope: PolicyScope::WorkloadSelector,
+            action: PolicyAction::Allow,
+            dry_run: false,
+            rules: vec![vec![vec![PolicyMatch {
+                principals: vec![
+                    StringMatch::Exact("cluster.local/ns/ns1/sa/namespace-wide".into()),
+                    StringMatch::Exact("cluster.local/ns/ns1/sa/waypoint-sa".into()),
+                ],
+                ..Default::default()
+            }]]],
+        })
+    }
+}
+
+/// An inbound connection to istiod's pod `cluster0//Pod/ns1/pod1` listing `listed`, on `port`, from `peer` over
+/// HBONE or, without a peer, in plaintext.
+fn to_istio_pod(port: u16, peer: Option<&str>, listed: &[&str]) -> ConnectionRecord {
+    let mut w = (*workload("pod1", "ns1", "sa1")).clone();
+    w.uid = "cluster0//Pod/ns1/pod1".into();
+    w.authorization_policies = listed.iter().map(|p| p.to_string()).collect();
+    ConnectionRecord {
+        dst_workload: Some(Arc::new(w)),
+        hbone: peer.is_some(),
+        ..conn(port, peer)
+    }
+}
+
+/// The plugin's verdict and the native engine's, which must agree.
+fn decided(h: &Harness, policies: &[Arc<Policy>], c: &ConnectionRecord) -> Result<(), String> {
+    let wasm = match h.authorize(c) {
+        Verdict::Allow => Ok(()),
+        Verdict::Deny { reason, .. } => Err(reason),
+    };
+    let index = istio_authz_native::index(policies.iter().map(|p| p.as_ref()));
+    assert_eq!(
+        wasm,
+        istio_authz_native::decide(&index, c),
+        "plugin and native engine differ"
+    );
+    wasm
+}
+
+const ISTIO_PEER: &str = "spiffe://cluster.local/ns/ns2/sa/client";
+
+#[test]
+fn istiods_static_strict_policy_denies_plaintext_to_a_workload_that_lists_it() {
+    let h = Harness::policy(&wasm(), "").unwrap();
+    let policies = vec![istiod::static_strict()];
+    let report = h.set_policies(&policies);
+    assert!(report.rejected().is_empty(), "{report:?}");
+    let strict = ["istio-system/istio_converted_static_strict"];
+    assert_eq!(
+        decided(&h, &policies, &to_istio_pod(8080, None, &strict)),
+        Err("explicitly denied by: istio-system/istio_converted_static_strict".into()),
+        "plaintext to a STRICT workload"
+    );
+    assert_eq!(
+        decided(
+            &h,
+            &policies,
+            &to_istio_pod(8080, Some(ISTIO_PEER), &strict)
+        ),
+        Ok(()),
+        "mTLS to a STRICT workload"
+    );
+    // A WORKLOAD_SELECTOR policy reaches only the workloads that list it (a PERMISSIVE one lists nothing).
+    assert_eq!(
+        decided(&h, &policies, &to_istio_pod(8080, None, &[])),
+        Ok(()),
+        "plaintext to a PERMISSIVE workload"
+    );
+}
+
+#[test]
+fn istiods_port_level_policies_deny_plaintext_only_on_their_ports() {
+    let h = Harness::policy(&wasm(), "").unwrap();
+    let policies = vec![
+        istiod::static_strict(),
+        istiod::strict_port_8080(),
+        istiod::strict_except_9090(),
+    ];
+    let report = h.set_policies(&policies);
+    assert!(report.rejected().is_empty(), "{report:?}");
+
+    // PERMISSIVE with port 8080 STRICT: plaintext refused on 8080 only.
+    let listed = ["ns1/converted_peer_authentication_strict-mtls"];
+    assert_eq!(
+        decided(&h, &policies, &to_istio_pod(8080, None, &listed)),
+        Err("explicitly denied by: ns1/converted_peer_authentication_strict-mtls".into())
+    );
+    assert_eq!(
+        decided(&h, &policies, &to_istio_pod(9090, None, &listed)),
+        Ok(())
+    );
+    assert_eq!(
+        decided(
+            &h,
+            &policies,
+            &to_istio_pod(8080, Some(ISTIO_PEER), &listed)
+        ),
+        Ok(())
+    );
+
+    // STRICT with port 9090 PERMISSIVE: plaintext refused everywhere but 9090.
+    let listed = ["ns1/converted_peer_authentication_strict-and-permissive-mtls"];
+    for port in [8080, 15000, 80] {
+        assert_eq!(
+            decided(&h, &policies, &to_istio_pod(port, None, &listed)),
+            Err(
+                "explicitly denied by: ns1/converted_peer_authentication_strict-and-permissive-mtls"
+                    .into()
+            ),
+            "plaintext to {port}"
+        );
+        assert_eq!(
+            decided(
+                &h,
+                &policies,
+                &to_istio_pod(port, Some(ISTIO_PEER), &listed)
+            ),
+            Ok(()),
+            "mTLS to {port}"
+        );
+    }
+    assert_eq!(
+        decided(&h, &policies, &to_istio_pod(9090, None, &listed)),
+        Ok(()),
+        "plaintext to the PERMISSIVE port"
+    );
+}
+
+#[test]
+fn istiods_implicit_waypoint_policy_admits_the_waypoint() {
+    let h = Harness::policy(&wasm(), "").unwrap();
+    let policies = vec![istiod::static_strict(), istiod::waypoint_allow()];
+    let report = h.set_policies(&policies);
+    assert!(report.rejected().is_empty(), "{report:?}");
+    let listed = [
+        "istio-system/istio_converted_static_strict",
+        "ns1/istio_allow_waypoint_ns1_waypoint-ns",
+    ];
+    for sa in ["waypoint-sa", "namespace-wide"] {
+        let waypoint = format!("spiffe://cluster.local/ns/ns1/sa/{sa}");
+        assert_eq!(
+            decided(&h, &policies, &to_istio_pod(8080, Some(&waypoint), &listed)),
+            Ok(()),
+            "{waypoint}"
+        );
+    }
+    assert_eq!(
+        decided(
+            &h,
+            &policies,
+            &to_istio_pod(8080, Some(ISTIO_PEER), &listed)
+        ),
+        Err("allow policies exist, but none allowed".into())
+    );
+    assert_eq!(
+        decided(&h, &policies, &to_istio_pod(8080, None, &listed)),
+        Err("explicitly denied by: istio-system/istio_converted_static_strict".into())
+    );
+}
