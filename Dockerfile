@@ -27,6 +27,9 @@ RUN --mount=type=cache,id=weft-cargo-registry,target=/usr/local/cargo/registry \
     && install -D -m 0755 target/release/weft-ca /out/weft-ca
 
 FROM gcr.io/distroless/cc-debian12:nonroot AS runtime
+# The Istio release weft reports itself as to istiod (node metadata ISTIO_VERSION), as Istio's ztunnel image does.
+ARG ISTIO_VERSION=1.32.0
+ENV ISTIO_META_ISTIO_VERSION=${ISTIO_VERSION}
 COPY --from=build /out/weft /out/weft-ca /usr/local/bin/
 # distroless's nonroot user (65532:65532).
 USER 65532:65532

@@ -1,7 +1,8 @@
 """What each value does to the rendered objects: the cluster default, trial mode, plugins, PodMonitor, service
 accounts, names, numbers."""
-
 from __future__ import annotations
+
+from pathlib import Path
 
 import helm_python as helm
 import pytest
@@ -48,6 +49,11 @@ def test_default_is_the_cluster_mode(render):
     env = env_of(c)
     assert env["CA_ADDRESS"] == env["XDS_ADDRESS"] == "https://istiod.istio-system.svc:15012"
     assert env["CLUSTER_ID"] == "Kubernetes"
+    # The Istio release reported to istiod: the image's and the binary's default (runtime/app/src/xds.rs).
+    xds_rs = (Path(__file__).resolve().parents[2] / "runtime/app/src/xds.rs").read_text()
+    assert f'pub const ISTIO_VERSION: &str = "{env["ISTIO_META_ISTIO_VERSION"]}";' in xds_rs
+    dockerfile = (Path(__file__).resolve().parents[2] / "Dockerfile").read_text()
+    assert f'ARG ISTIO_VERSION={env["ISTIO_META_ISTIO_VERSION"]}' in dockerfile
     assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}

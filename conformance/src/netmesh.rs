@@ -184,6 +184,7 @@ fn node_opts(
         extra: extra.iter().map(|s| s.to_string()).collect(),
         log: log.into(),
         log_linger: Some("0s".into()),
+        env: Vec::new(),
     }
 }
 

@@ -414,6 +414,7 @@ impl Setup {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             log: log.into(),
             log_linger: Some("0s".into()),
+            env: Vec::new(),
         };
         NodeProcess::spawn(&weft_devmesh::weft_binary()?, &opts).map_err(|e| e.to_string())
     }

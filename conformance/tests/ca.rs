@@ -283,9 +283,17 @@ async fn two_nodes_get_certificates_from_the_reference_ca_over_grpc_tls() {
     let a = Addrs { n: 70 };
     let yaml = mesh_yaml(a, "echo");
     let w = World::start(a, &yaml, &[]).await;
-    let mesh = Mesh::start_with(a, &yaml, &yaml, w.node_flags("1h"))
-        .await
-        .unwrap();
+    // Node A's cluster id comes from ISTIO_META_CLUSTER_ID (which wins over CLUSTER_ID, as in ztunnel), node B's
+    // from the default: the CA must see each node's one cluster id.
+    let flags = w.node_flags("1h");
+    let mesh = Mesh::start_with(a, &yaml, &yaml, move |o: &mut NodeOptions| {
+        flags(o);
+        if o.name == "node-a" {
+            o.env.push(("ISTIO_META_CLUSTER_ID".into(), "east".into()));
+        }
+    })
+    .await
+    .unwrap();
     round_trip(
         mesh.a.socks5,
         a.client(),
@@ -316,11 +324,14 @@ async fn two_nodes_get_certificates_from_the_reference_ca_over_grpc_tls() {
         );
     }
     let audit = w.ca.audit();
-    for (node, sa) in [("node-a", "client"), ("node-b", "echo")] {
+    for (node, sa, cluster) in [
+        ("node-a", "client", "east"),
+        ("node-b", "echo", "Kubernetes"),
+    ] {
         assert!(
             audit.iter().any(|l| l["decision"] == "allow"
                 && l["node"] == node
-                && l["cluster"] == "Kubernetes"
+                && l["cluster"] == cluster
                 && l["identity"] == format!("spiffe://cluster.local/ns/default/sa/{sa}")),
             "{audit:?}"
         );

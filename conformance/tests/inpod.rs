@@ -43,6 +43,7 @@ fn spawn_weft(
         .collect(),
         log: "info".into(),
         log_linger: Some("0s".into()),
+        env: Vec::new(),
     };
     NodeProcess::spawn(&weft, &opts).unwrap()
 }

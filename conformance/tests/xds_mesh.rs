@@ -349,7 +349,7 @@ async fn a_malformed_resource_is_nacked_with_its_reason_and_the_rest_applies_whi
     let (node_a, node_b) = (&nodes[0], &nodes[1]);
     let mut live = open(node_a, a, SocketAddr::from((a.vip(), 80))).await;
 
-    // One batch: the good echo-2, a workload with a 3-byte address, a service with a bad hostname.
+    // One batch: the good echo-2, a workload with a 3-byte address, a service with an IP family no proto has.
     let bad_wl = pb::Address {
         r#type: Some(pb::address::Type::Workload(pb::Workload {
             uid: "Kubernetes//Pod/default/broken".into(),
@@ -363,7 +363,8 @@ async fn a_malformed_resource_is_nacked_with_its_reason_and_the_rest_applies_whi
         r#type: Some(pb::address::Type::Service(pb::Service {
             name: "bad".into(),
             namespace: "default".into(),
-            hostname: "bad..host".into(),
+            hostname: "bad.default.svc.cluster.local".into(),
+            ip_families: 7,
             ..Default::default()
         })),
     };
@@ -375,7 +376,12 @@ async fn a_malformed_resource_is_nacked_with_its_reason_and_the_rest_applies_whi
     let batch = vec![
         resource(ADDRESS, &echo2_wl.uid, "2", &echo2_addr),
         resource(ADDRESS, "Kubernetes//Pod/default/broken", "2", &bad_wl),
-        resource(ADDRESS, "default/bad..host", "2", &bad_svc),
+        resource(
+            ADDRESS,
+            "default/bad.default.svc.cluster.local",
+            "2",
+            &bad_svc,
+        ),
     ];
     for c in &mut conns {
         c.send(response(ADDRESS, "a2", batch.clone(), &[]));
@@ -386,9 +392,7 @@ async fn a_malformed_resource_is_nacked_with_its_reason_and_the_rest_applies_whi
         assert_eq!(
             e.message,
             "Kubernetes//Pod/default/broken: workload.addresses[0]: 3 bytes is not an IP address (4 for IPv4, \
-             16 for IPv6); default/bad..host: service.hostname: invalid hostname \"bad..host\": label \"\" is not \
-             a DNS-1123 label (letters, digits and '-', starting and ending with a letter or digit, at most 63 \
-             characters)"
+             16 for IPv6); default/bad.default.svc.cluster.local: service.ip_families: unknown enum value 7"
         );
     }
     // The good one applied on both nodes; the bad ones are nowhere; the NACK is in /config_dump.

@@ -222,6 +222,16 @@ pub struct RunArgs {
     /// Bind outbound connections to the source workload's IP.
     #[arg(long)]
     pub bind_source_ip: bool,
+    /// Applications see the client's own address as the peer of an inbound connection (ztunnel's ENABLE_ORIG_SRC):
+    /// the capture listeners are made transparent (IP_TRANSPARENT, so TPROXY capture rules work too) and inbound
+    /// connections are dialled from the client's address. true: required (weft stops if a listener cannot be made
+    /// transparent); false: off. Unset: best effort in in-pod mode (istio-cni's pod rules route the replies back to
+    /// weft), off in node mode (a node's capture must route replies to a foreign source back to weft itself).
+    #[arg(long, env = "ENABLE_ORIG_SRC", action = clap::ArgAction::Set)]
+    pub original_source: Option<bool>,
+    /// Answer an inbound CONNECT's 200 with `baggage` describing the destination workload (ztunnel's default).
+    #[arg(long, env = "ENABLE_RESPONSE_BAGGAGE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub response_baggage: bool,
     /// Close connections idle for this long.
     #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
     pub idle_timeout: Duration,

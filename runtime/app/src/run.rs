@@ -13,7 +13,7 @@ use weft_admin::{AdminHandler, Server};
 use weft_hooks::ConnectionHooks;
 use weft_identity::{ManagerConfig, SecretManager, SpiffeId};
 use weft_plugin_host::{Compiler, HostConfig, Outcome, PluginHost, SubprocessCompiler};
-use weft_proxy::{InboundBind, Proxy, ProxyConfig, ProxyMetrics};
+use weft_proxy::{InboundBind, OriginalSource, Proxy, ProxyConfig, ProxyMetrics};
 use weft_state::{MeshState, StateStore, TunnelProtocol};
 
 use crate::admin::{Node, NodeCollector};
@@ -41,6 +41,13 @@ fn proxy_config(a: &RunArgs) -> ProxyConfig {
     c.hbone_port = a.hbone_port;
     c.mark = a.mark;
     c.bind_source_ip = a.bind_source_ip;
+    c.original_source = match (a.original_source, a.inpod.mode) {
+        (Some(true), _) => OriginalSource::Required,
+        (Some(false), _) => OriginalSource::Off,
+        (None, crate::inpod::Mode::Inpod) => OriginalSource::BestEffort,
+        (None, crate::inpod::Mode::Node) => OriginalSource::Off,
+    };
+    c.response_baggage = a.response_baggage;
     c.idle_timeout = a.idle_timeout;
     c.drain_deadline = a.drain_deadline;
     c.max_connections_per_listener =
@@ -245,7 +252,12 @@ impl ShardThreads {
 }
 
 /// Run the node until SIGTERM/SIGINT or `/quitquitquit`, then drain.
-pub fn run(args: RunArgs) -> anyhow::Result<()> {
+pub fn run(mut args: RunArgs) -> anyhow::Result<()> {
+    // One cluster id for the CA, xDS and telemetry (ztunnel's rule: ISTIO_META_CLUSTER_ID wins over CLUSTER_ID).
+    args.cluster_id = crate::xds::cluster_id(
+        std::env::var("ISTIO_META_CLUSTER_ID").ok(),
+        &args.cluster_id,
+    );
     // `_log_flush` is dropped last (locals drop in reverse): the lines of the whole drain are written.
     let (logs, _log_flush) = logging::init(&args.log, args.log_format, args.log_linger)?;
 
@@ -308,7 +320,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
                 pull_secret: args.plugin_pull_secret.clone(),
             },
             crate::xds::node_info(&args.xds, &args.node, &args.cluster_id),
-            crate::xds::cluster_id(&args.cluster_id),
+            args.cluster_id.clone(),
             &state,
             &host,
         )

@@ -56,16 +56,23 @@ pub struct XdsArgs {
     pub instance_ip: Option<String>,
 }
 
-/// The cluster id as ztunnel takes it: `ISTIO_META_CLUSTER_ID`, else `--cluster-id` (`CLUSTER_ID`).
-pub fn cluster_id(flag: &str) -> String {
-    std::env::var("ISTIO_META_CLUSTER_ID")
-        .ok()
+/// The cluster id as ztunnel takes it: `ISTIO_META_CLUSTER_ID`, else `--cluster-id` (`CLUSTER_ID`). Resolved
+/// once at start; the CA's `clusterid` header, the xDS `clusterid` header and node metadata all use the result.
+pub fn cluster_id(meta_env: Option<String>, flag: &str) -> String {
+    meta_env
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| flag.to_owned())
 }
 
-/// The node id inputs: the flags, then `ISTIO_META_*` / `ISTIO_METAJSON_*` from the environment, and the cluster
-/// id as `CLUSTER_ID` unless the environment set it.
+/// The Istio release weft stands in for a ztunnel of, sent as node metadata `ISTIO_VERSION` unless
+/// `ISTIO_META_ISTIO_VERSION` says otherwise (the chart and the image set it, as Istio's ztunnel image does): istiod
+/// warns on every connect of a proxy without it, and `istioctl proxy-status` shows it. weft's xDS and CA protos
+/// follow this release's APIs.
+pub const ISTIO_VERSION: &str = "1.32.0";
+
+/// The node id inputs: the flags, then `ISTIO_META_*` / `ISTIO_METAJSON_*` from the environment, the cluster id
+/// (already resolved, [`cluster_id`]) as `CLUSTER_ID` and [`ISTIO_VERSION`] as `ISTIO_VERSION` unless the
+/// environment set them.
 pub fn node_info(args: &XdsArgs, node: &str, cluster: &str) -> NodeInfo {
     NodeInfo {
         instance_ip: args.instance_ip.clone(),
@@ -75,7 +82,8 @@ pub fn node_info(args: &XdsArgs, node: &str, cluster: &str) -> NodeInfo {
         ..Default::default()
     }
     .with_env(std::env::vars())
-    .default_metadata("CLUSTER_ID", &cluster_id(cluster))
+    .default_metadata("CLUSTER_ID", cluster)
+    .default_metadata("ISTIO_VERSION", ISTIO_VERSION)
 }
 
 /// Start the mesh source, if configured (must be called within the control runtime). Its Authorization handler
@@ -95,7 +103,7 @@ pub fn start(
     cfg.root_cert = args.xds_root_cert.clone();
     cfg.token_file = args.xds_token_file.clone();
     cfg.server_name = args.xds_server_name.clone();
-    cfg.cluster_id = cluster_id(cluster);
+    cfg.cluster_id = cluster.to_owned();
     cfg.node = node_info(args, node, cluster);
     tracing::info!(address, node_id = %cfg.node.id(), "mesh source: Delta ADS");
     let handle = AdsClient::new(cfg)

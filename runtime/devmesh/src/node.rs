@@ -28,6 +28,8 @@ pub struct NodeOptions {
     /// `--log-linger` (none: weft's default). Tests that read the log right after an event give `0s`, so every
     /// line is on disk as soon as it is logged; an older weft build (the bench's baseline) may not know the flag.
     pub log_linger: Option<String>,
+    /// Environment variables added to the process's (e.g. `ISTIO_META_*`, which have no flag).
+    pub env: Vec<(String, String)>,
 }
 
 impl NodeOptions {
@@ -57,6 +59,7 @@ impl NodeOptions {
             ],
             log: "info".into(),
             log_linger: Some("0s".into()),
+            env: Vec::new(),
         }
     }
 }
@@ -147,6 +150,7 @@ impl NodeProcess {
             None => Command::new(weft),
         };
         cmd.args(&args)
+            .envs(opts.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);

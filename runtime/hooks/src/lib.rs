@@ -45,6 +45,9 @@ pub struct WorkloadMeta {
     pub node: String,
     /// Owning workload name (e.g. the Deployment).
     pub workload_name: String,
+    /// The owning workload's kind as ztunnel names it in baggage (`deployment`, `pod`, `job`, `cronjob`); empty
+    /// reads as `deployment`.
+    pub workload_type: String,
     /// Canonical service (`service.istio.io/canonical-name`).
     pub canonical_name: String,
     /// Canonical revision (`service.istio.io/canonical-revision`).

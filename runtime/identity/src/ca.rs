@@ -177,7 +177,13 @@ impl LocalCa {
         if !self.roots_pem.contains(&self.ca_pem) {
             chain.push(self.ca_pem.clone());
         }
-        chain.extend(self.roots_pem.iter().cloned());
+        // As istiod answers: the whole root bundle as one last element (several roots during a rotation).
+        let mut bundle = String::new();
+        for root in &self.roots_pem {
+            bundle.push_str(root.trim_end());
+            bundle.push('\n');
+        }
+        chain.push(bundle);
         Ok(chain)
     }
 }

@@ -30,14 +30,35 @@ pub fn is_root(der: &CertificateDer<'_>) -> bool {
 }
 
 /// Validate a CA's answer for `identity`. `configured_roots` (PEM) are the roots trusted before this answer.
-/// Returns the chain to present (leaf first, intermediates, the root dropped) and the trust bundle to use from
-/// now on (configured roots plus the answer's root, deduplicated).
+/// Returns the chain to present (leaf first, then intermediates) and the trust bundle to use from now on
+/// (configured roots plus the answer's roots, deduplicated).
+///
+/// The answer's shape is Istio's (istiod's `security/pkg/server/ca/server.go`, and ztunnel reads it so): the leaf,
+/// the intermediates one per element, and as the **last element the whole root bundle**, which may hold several
+/// roots (during a root rotation, the old and the new). With two elements or more, the last one is therefore taken
+/// whole as roots and never presented. A single element (a CA that concatenates everything) is split into its
+/// certificates and a self-signed CA certificate at its end is taken as the root.
 pub fn validate_issued(
     identity: &SpiffeId,
     chain_pem: &[String],
     configured_roots: &[String],
 ) -> Result<IssuedChain, Error> {
-    let mut certs = parse_pems(chain_pem)?;
+    let (certs, bundle) = match chain_pem {
+        [] => (Vec::new(), Vec::new()),
+        [only] => {
+            let mut certs = parse_pems(std::slice::from_ref(only))?;
+            let root = if certs.len() > 1 && certs.last().is_some_and(|c| is_root(c)) {
+                certs.pop()
+            } else {
+                None
+            };
+            (certs, root.into_iter().collect())
+        }
+        [chain @ .., bundle] => (
+            parse_pems(chain)?,
+            parse_pems(std::slice::from_ref(bundle))?,
+        ),
+    };
     let Some(leaf) = certs.first() else {
         return Err(Error::BadCertificate(
             "the CA returned an empty certificate chain".into(),
@@ -56,21 +77,14 @@ pub fn validate_issued(
         });
     }
     let mut roots: Vec<String> = Vec::new();
-    for der in parse_pems(configured_roots)? {
-        let pem = to_pem(&der);
+    for der in parse_pems(configured_roots)?.iter().chain(&bundle) {
+        let pem = to_pem(der);
         if !roots.contains(&pem) {
             roots.push(pem);
         }
     }
-    if certs.len() > 1
-        && certs.last().is_some_and(|c| is_root(c))
-        && let Some(root) = certs.pop()
-    {
-        let pem = to_pem(&root);
-        if !roots.contains(&pem) {
-            roots.push(pem);
-        }
-    }
+    // A root the CA listed among the intermediates (a plugged-in CA whose chain file ends with its root) is
+    // presented as istiod sent it, as ztunnel does; the peer's verification does not need it.
     if roots.is_empty() {
         return Err(Error::BadCertificate(
             "no trust roots: none configured and the CA sent none".into(),
@@ -111,6 +125,77 @@ mod tests {
         assert_eq!(
             parse_pems(&out.roots_pem).unwrap(),
             parse_pems(&[root]).unwrap()
+        );
+    }
+
+    /// istiod during a root rotation: the leaf, then one last element holding both roots. Both are learnt and
+    /// neither is presented (ztunnel reads the answer so; before, the old root was presented and only the new one
+    /// was trusted).
+    #[test]
+    fn the_last_element_is_the_whole_root_bundle() {
+        let (old_cert, _) = generate_root("cluster.local", Duration::from_secs(3600)).unwrap();
+        let (new_cert, new_key) =
+            generate_root("cluster.local", Duration::from_secs(3600)).unwrap();
+        let ca = LocalCa::from_pem(
+            &new_cert,
+            &new_key,
+            vec![old_cert.clone(), new_cert.clone()],
+        )
+        .unwrap();
+        let id: SpiffeId = "spiffe://cluster.local/ns/a/sa/b".parse().unwrap();
+        let csr = new_csr(&id).unwrap();
+        let chain = ca
+            .sign_csr(&id, &csr.csr_pem, Duration::from_secs(60))
+            .unwrap();
+        assert_eq!(chain.len(), 2, "leaf, then the bundle in one element");
+        let out = validate_issued(&id, &chain, &[]).unwrap();
+        assert_eq!(out.chain_pem.len(), 1, "no root is presented");
+        let learnt = parse_pems(&out.roots_pem).unwrap();
+        let both = parse_pems(&[old_cert, new_cert]).unwrap();
+        assert_eq!(learnt, both);
+    }
+
+    /// An intermediate CA certificate and key signed by the root `(cert, key)`.
+    fn intermediate(root_cert: &str, root_key: &str) -> (String, String) {
+        let issuer =
+            rcgen::Issuer::from_ca_cert_pem(root_cert, rcgen::KeyPair::from_pem(root_key).unwrap())
+                .unwrap();
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut p = rcgen::CertificateParams::default();
+        p.distinguished_name
+            .push(rcgen::DnType::CommonName, "weft test intermediate");
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        p.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        p.use_authority_key_identifier_extension = true;
+        let cert = p.signed_by(&key, &issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    /// Leaf, an intermediate, the root bundle: the intermediate is presented, the root is not.
+    #[test]
+    fn intermediates_are_presented_and_the_bundle_is_not() {
+        let (root_cert, root_key) =
+            generate_root("cluster.local", Duration::from_secs(3600)).unwrap();
+        let (int_cert, int_key) = intermediate(&root_cert, &root_key);
+        let ca = LocalCa::from_pem(&int_cert, &int_key, vec![root_cert.clone()]).unwrap();
+        let id: SpiffeId = "spiffe://cluster.local/ns/a/sa/b".parse().unwrap();
+        let csr = new_csr(&id).unwrap();
+        let chain = ca
+            .sign_csr(&id, &csr.csr_pem, Duration::from_secs(60))
+            .unwrap();
+        assert_eq!(chain.len(), 3);
+        let out = validate_issued(&id, &chain, &[]).unwrap();
+        assert_eq!(out.chain_pem.len(), 2);
+        assert_eq!(
+            parse_pems(&out.chain_pem[1..]).unwrap(),
+            parse_pems(&[int_cert]).unwrap()
+        );
+        assert_eq!(
+            parse_pems(&out.roots_pem).unwrap(),
+            parse_pems(&[root_cert]).unwrap()
         );
     }
 

@@ -133,14 +133,33 @@ pub fn hello() -> Vec<u8> {
     .encode_to_vec()
 }
 
-/// An ack: `None` for success, or the error text.
+/// The largest packet istio-cni reads as an answer: its node agent reads acks into a 1024-byte buffer and refuses a
+/// truncated one (`cni/pkg/nodeagent/ztunnelserver_linux.go`, `readProto`).
+pub const ACK_MAX: usize = 1024;
+
+/// What ends an error text that had to be cut to fit [`ACK_MAX`].
+const CUT: &str = " [truncated]";
+
+/// An ack: `None` for success, or the error text, cut (at a character boundary, marked) so that the whole packet
+/// fits in [`ACK_MAX`] bytes.
 pub fn ack(error: Option<&str>) -> Vec<u8> {
-    WorkloadResponse {
-        payload: Some(zds::workload_response::Payload::Ack(Ack {
-            error: error.unwrap_or_default().to_owned(),
-        })),
+    let encode = |text: String| {
+        WorkloadResponse {
+            payload: Some(zds::workload_response::Payload::Ack(Ack { error: text })),
+        }
+        .encode_to_vec()
+    };
+    let text = error.unwrap_or_default();
+    let whole = encode(text.to_owned());
+    if whole.len() <= ACK_MAX {
+        return whole;
     }
-    .encode_to_vec()
+    // Two length prefixes of at most two bytes each and two tags: 6 bytes of framing around the text.
+    let mut end = ACK_MAX - 6 - CUT.len();
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    encode(format!("{}{CUT}", &text[..end]))
 }
 
 #[cfg(test)]

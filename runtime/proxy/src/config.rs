@@ -34,6 +34,19 @@ pub enum InboundBind {
     Disabled,
 }
 
+/// Whether inbound connections keep the client's address as their source towards the application.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OriginalSource {
+    /// Dial the application from weft's own address (the pod's, in-pod).
+    Off,
+    /// Make the capture listeners transparent when the kernel allows it (`CAP_NET_ADMIN`), and then dial from the
+    /// client's address; otherwise say so once and dial as with `Off` (ztunnel's default when `ENABLE_ORIG_SRC` is
+    /// unset).
+    BestEffort,
+    /// As `BestEffort`, but a listener that cannot be made transparent is an error.
+    Required,
+}
+
 /// Data-path configuration.
 #[derive(Debug, Clone)]
 pub struct ProxyConfig {
@@ -77,6 +90,13 @@ pub struct ProxyConfig {
     /// for in-pod mode, where weft runs inside the pod's network namespace and the application may listen on
     /// loopback only (ztunnel's `LOCALHOST_APP_TUNNEL`, on by default there). Node mode: off.
     pub app_tunnel_loopback: bool,
+    /// Whether the application sees the original client's address as its peer (ztunnel's `ENABLE_ORIG_SRC`): the
+    /// capture listeners are made transparent (so TPROXY rules can hand them connections too) and inbound
+    /// connections to the application are dialled from the client's address.
+    pub original_source: OriginalSource,
+    /// Send `baggage` describing the destination workload with an inbound CONNECT's 200, as ztunnel does by default
+    /// (its `ENABLE_RESPONSE_BAGGAGE`).
+    pub response_baggage: bool,
     /// HTTP/2 settings.
     pub h2: H2Config,
     /// HBONE connection pool settings.
@@ -107,6 +127,8 @@ impl ProxyConfig {
             pod: None,
             reuse_port: false,
             app_tunnel_loopback: false,
+            original_source: OriginalSource::Off,
+            response_baggage: true,
             h2: H2Config::default(),
             pool: PoolConfig::default(),
             shards: None,

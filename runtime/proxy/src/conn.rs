@@ -192,9 +192,9 @@ impl Inner {
         record: &Arc<ConnectionRecord>,
         via: Via,
         dst: SocketAddr,
-        bind: Option<std::net::IpAddr>,
+        src: crate::socket::Source,
     ) -> Result<tokio::net::TcpStream, ()> {
-        let r = tokio::time::timeout(self.cfg.connect_timeout, self.dial(dst, bind)).await;
+        let r = tokio::time::timeout(self.cfg.connect_timeout, self.dial(dst, src)).await;
         let error = match r {
             Ok(Ok(s)) => return Ok(s),
             Ok(Err(e)) => format!("connect to {dst}: {e}"),

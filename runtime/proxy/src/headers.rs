@@ -6,24 +6,31 @@ use std::net::SocketAddr;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use weft_hooks::WorkloadMeta;
 
-/// `baggage` describing the source workload (non-empty items only). Values are written as W3C baggage requires:
-/// bytes outside `baggage-octet` (and `%`) are percent-encoded, so a name from config that holds `,`, `=`, `;`,
-/// spaces or non-ASCII cannot add, split or hide items (Kubernetes names need no encoding and go out as ztunnel
-/// sends them).
-pub fn baggage(src: &WorkloadMeta, cluster: &str) -> String {
-    let cluster = if src.cluster_id.is_empty() {
+/// `baggage` describing a workload (the source on a CONNECT, the destination on its 200), as ztunnel writes it:
+/// non-empty items only, the workload's own cluster id or else `cluster`, and its name under `k8s.<kind>.name` where
+/// the kind is its workload type (`deployment` when unset, or when it is not a plain lowercase word and so cannot be
+/// part of a key). Values are written as W3C baggage requires: bytes outside `baggage-octet` (and `%`) are
+/// percent-encoded, so a name from config that holds `,`, `=`, `;`, spaces or non-ASCII cannot add, split or hide
+/// items (Kubernetes names need no encoding and go out as ztunnel sends them).
+pub fn baggage(w: &WorkloadMeta, cluster: &str) -> String {
+    let cluster = if w.cluster_id.is_empty() {
         cluster
     } else {
-        &src.cluster_id
+        &w.cluster_id
     };
+    let kind = match w.workload_type.as_str() {
+        t if !t.is_empty() && t.bytes().all(|b| b.is_ascii_lowercase()) => t,
+        _ => "deployment",
+    };
+    let name_key = format!("k8s.{kind}.name");
     let items = [
         ("k8s.cluster.name", cluster),
-        ("k8s.namespace.name", src.namespace.as_str()),
-        ("k8s.deployment.name", src.workload_name.as_str()),
-        ("service.name", src.canonical_name.as_str()),
-        ("service.version", src.canonical_revision.as_str()),
-        ("cloud.region", src.region.as_str()),
-        ("cloud.availability_zone", src.zone.as_str()),
+        ("k8s.namespace.name", w.namespace.as_str()),
+        (name_key.as_str(), w.workload_name.as_str()),
+        ("service.name", w.canonical_name.as_str()),
+        ("service.version", w.canonical_revision.as_str()),
+        ("cloud.region", w.region.as_str()),
+        ("cloud.availability_zone", w.zone.as_str()),
     ];
     items
         .iter()
@@ -137,6 +144,26 @@ mod tests {
             (parts[0], parts[1].len(), parts[2].len(), parts[3]),
             ("00", 32, 16, "00")
         );
+    }
+
+    /// ztunnel names the workload under its kind: a pod is `k8s.pod.name`, a job `k8s.job.name`.
+    #[test]
+    fn the_name_key_follows_the_workload_type() {
+        let mut w = WorkloadMeta {
+            namespace: "default".into(),
+            workload_name: "batch-1".into(),
+            workload_type: "job".into(),
+            cluster_id: "east".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            baggage(&w, "Kubernetes"),
+            "k8s.cluster.name=east,k8s.namespace.name=default,k8s.job.name=batch-1"
+        );
+        w.workload_type = "pod".into();
+        assert!(baggage(&w, "Kubernetes").contains(",k8s.pod.name=batch-1"));
+        w.workload_type = "Evil,x=y".into();
+        assert!(baggage(&w, "Kubernetes").contains(",k8s.deployment.name=batch-1"));
     }
 
     #[test]

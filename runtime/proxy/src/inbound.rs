@@ -297,14 +297,30 @@ impl Inner {
             let _ = req.reject(StatusCode::UNAUTHORIZED);
             return None;
         };
+        // A loopback application tunnel is dialled from loopback (the client's address is in the PROXY header);
+        // anything else from the client's address when the listeners are transparent, as ztunnel does.
+        let source = match tunnel.bind {
+            Some(lo) => crate::socket::Source::Local(lo),
+            None => self.inbound_source(src, tunnel.connect),
+        };
         let Ok(mut upstream) = self
-            .connect_workload(&record, via, tunnel.connect, tunnel.bind)
+            .connect_workload(&record, via, tunnel.connect, source)
             .await
         else {
             let _ = req.reject(StatusCode::SERVICE_UNAVAILABLE);
             return None;
         };
-        let stream = match req.accept(HeaderMap::new()) {
+        // As ztunnel (its default): the 200 carries `baggage` describing the destination workload.
+        let mut response = HeaderMap::new();
+        if self.cfg.response_baggage {
+            let b = crate::headers::baggage(&dst_wl.meta, &self.cfg.cluster_id);
+            if let Ok(v) = http::HeaderValue::from_str(&b)
+                && !b.is_empty()
+            {
+                response.insert(http::header::HeaderName::from_static("baggage"), v);
+            }
+        }
+        let stream = match req.accept(response) {
             Ok(s) => s,
             Err(e) => {
                 self.failed(&record, via, "h2", Verdict::Allow, e.to_string(), "-");

@@ -33,7 +33,7 @@ use weft_hooks::ConnectionHooks;
 use weft_identity::SecretManager;
 use weft_state::{StateStore, TunnelProtocol};
 
-pub use config::{InboundBind, LocalPod, ProxyConfig};
+pub use config::{InboundBind, LocalPod, OriginalSource, ProxyConfig};
 pub use metrics::ProxyMetrics;
 pub use outbound::PoolKey;
 pub use socket::SocketFactory;
@@ -45,6 +45,19 @@ pub enum ProxyError {
     /// A listener could not bind.
     #[error("cannot listen on {addr} ({what}): {source}")]
     Bind {
+        /// Which listener.
+        what: &'static str,
+        /// Address.
+        addr: SocketAddr,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// A capture listener could not be made transparent although the original source is required.
+    #[error(
+        "cannot make the {what} listener on {addr} transparent (IP_TRANSPARENT, needs CAP_NET_ADMIN), and the \
+         original source is required (--original-source true): {source}"
+    )]
+    Transparent {
         /// Which listener.
         what: &'static str,
         /// Address.
@@ -68,6 +81,9 @@ pub(crate) struct Inner {
     pub(crate) drain: CancellationToken,
     /// Where sockets are created (in-pod mode: inside the pod's network namespace); `None`: weft's own namespace.
     pub(crate) sockets: Option<Arc<dyn SocketFactory>>,
+    /// Whether the capture listeners are transparent, so inbound connections are dialled from the client's address
+    /// (see [`OriginalSource`]); set once they are bound.
+    pub(crate) transparent: AtomicBool,
 }
 
 impl Inner {
@@ -88,9 +104,54 @@ impl Inner {
     pub(crate) async fn dial(
         &self,
         dst: SocketAddr,
-        src_ip: Option<std::net::IpAddr>,
+        src: socket::Source,
     ) -> std::io::Result<TcpStream> {
-        socket::connect_via(self.sockets.as_deref(), dst, self.cfg.mark, src_ip).await
+        socket::connect_via(self.sockets.as_deref(), dst, self.cfg.mark, src).await
+    }
+
+    /// The source to dial a local application from for a connection from `client`: the client's own address when
+    /// the listeners are transparent (unless it is the application's own address, which the kernel would take as
+    /// a connection to itself), else whatever the kernel picks.
+    pub(crate) fn inbound_source(&self, client: SocketAddr, dst: SocketAddr) -> socket::Source {
+        if self.transparent.load(Ordering::Relaxed) && client.ip() != dst.ip() {
+            socket::Source::Transparent(client.ip())
+        } else {
+            socket::Source::Any
+        }
+    }
+
+    /// The port of the capture listener `what` when TPROXY may hand it connections (it is transparent), for
+    /// [`socket::captured_destination`].
+    pub(crate) fn tproxy_port(&self, addr: Option<SocketAddr>) -> Option<u16> {
+        addr.filter(|_| self.transparent.load(Ordering::Relaxed))
+            .map(|a| a.port())
+    }
+}
+
+/// Make a capture listener's socket transparent as `policy` asks: `Ok(true)` when it is, `Ok(false)` when it is not
+/// (off, or refused under best effort: logged), an error when it is required and refused.
+fn make_transparent(
+    sock: &socket2::Socket,
+    what: &'static str,
+    addr: SocketAddr,
+    policy: OriginalSource,
+) -> Result<bool, ProxyError> {
+    if policy == OriginalSource::Off
+        || !matches!(what, "outbound" | "inbound_plaintext" | "inbound_hbone")
+    {
+        return Ok(false);
+    }
+    match socket::set_transparent(sock) {
+        Ok(()) => Ok(true),
+        Err(source) if policy == OriginalSource::Required => {
+            Err(ProxyError::Transparent { what, addr, source })
+        }
+        Err(e) => {
+            tracing::warn!(listener = what, %addr, error = %e,
+                "cannot make the listener transparent (IP_TRANSPARENT needs CAP_NET_ADMIN): applications see \
+                 weft's address as the peer instead of the client's, and TPROXY capture rules reach no listener");
+            Ok(false)
+        }
     }
 }
 
@@ -145,6 +206,7 @@ impl Proxy {
             metrics,
             drain: CancellationToken::new(),
             sockets,
+            transparent: AtomicBool::new(false),
         });
         let proxy = Arc::new(Self {
             inner: inner.clone(),
@@ -166,14 +228,29 @@ impl Proxy {
                     },
                 ),
             ];
+            let mut bound = Vec::new();
+            let mut transparent = true;
             for (what, addr) in listeners {
                 let Some(addr) = addr else { continue };
-                let lis = async {
-                    let sock = f.tcp_socket(socket2::Domain::for_address(addr)).await?;
-                    socket::listen_socket(sock, addr, c.reuse_port, c.mark)
+                let sock = f
+                    .tcp_socket(socket2::Domain::for_address(addr))
+                    .await
+                    .map_err(|source| ProxyError::Bind { what, addr, source })?;
+                if matches!(what, "inbound_plaintext" | "inbound_hbone") {
+                    transparent &= make_transparent(&sock, what, addr, c.original_source)?;
+                } else {
+                    make_transparent(&sock, what, addr, c.original_source)?;
                 }
-                .await
-                .map_err(|source| ProxyError::Bind { what, addr, source })?;
+                let lis = socket::listen_socket(sock, addr, c.reuse_port, c.mark)
+                    .map_err(|source| ProxyError::Bind { what, addr, source })?;
+                bound.push((what, addr, lis));
+            }
+            // Inbound dials keep the client's address only when both inbound listeners are transparent.
+            inner.transparent.store(
+                transparent && c.original_source != OriginalSource::Off,
+                Ordering::Relaxed,
+            );
+            for (what, addr, lis) in bound {
                 match what {
                     "outbound" => proxy.serve(what, addr, lis, Inner::handle_captured),
                     "socks5" => proxy.serve(what, addr, lis, Inner::handle_socks5),
@@ -191,11 +268,19 @@ impl Proxy {
         if let Some(a) = c.socks5_addr {
             proxy.listen("socks5", a, Inner::handle_socks5)?;
         }
+        // Inbound dials keep the client's address only when every inbound listener is transparent (per-workload
+        // HBONE listeners are not made so).
+        let mut transparent = c.original_source != OriginalSource::Off
+            && !matches!(c.inbound, InboundBind::Workloads { .. });
         if let Some(a) = c.inbound_plaintext_addr {
-            proxy.listen("inbound_plaintext", a, Inner::handle_plaintext)?;
+            transparent &= proxy.listen("inbound_plaintext", a, Inner::handle_plaintext)?;
         }
+        if let InboundBind::Addr(a) = c.inbound {
+            transparent &= proxy.listen("inbound_hbone", a, Inner::handle_hbone_conn)?;
+        }
+        inner.transparent.store(transparent, Ordering::Relaxed);
         match c.inbound.clone() {
-            InboundBind::Addr(a) => proxy.listen("inbound_hbone", a, Inner::handle_hbone_conn)?,
+            InboundBind::Addr(_) => {}
             InboundBind::Workloads { port } => {
                 proxy.reconcile_workload_listeners(port);
                 let p = proxy.clone();
@@ -218,19 +303,24 @@ impl Proxy {
         Ok(proxy)
     }
 
+    /// Bind `addr` in weft's own namespace (transparent as [`ProxyConfig::original_source`] asks, for the capture
+    /// listeners) and serve it; returns whether it is transparent.
     fn listen<F, Fut>(
         self: &Arc<Self>,
         what: &'static str,
         addr: SocketAddr,
         handler: F,
-    ) -> Result<(), ProxyError>
+    ) -> Result<bool, ProxyError>
     where
         F: Fn(Arc<Inner>, TcpStream, SocketAddr) -> Fut + Send + Sync + Copy + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        let lis = socket::listen(addr).map_err(|source| ProxyError::Bind { what, addr, source })?;
+        let bind_err = |source| ProxyError::Bind { what, addr, source };
+        let sock = socket::new_tcp(addr).map_err(bind_err)?;
+        let transparent = make_transparent(&sock, what, addr, self.inner.cfg.original_source)?;
+        let lis = socket::listen_on(sock, addr).map_err(bind_err)?;
         self.serve(what, addr, lis, handler);
-        Ok(())
+        Ok(transparent)
     }
 
     /// Accept on a bound listener.

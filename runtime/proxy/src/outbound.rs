@@ -317,10 +317,10 @@ impl Inner {
             ),
             _ => {
                 // Plain TCP: a TCP workload, or a destination outside the mesh.
-                let bind = src_wl
-                    .as_ref()
-                    .filter(|_| self.cfg.bind_source_ip)
-                    .map(|_| src.ip());
+                let bind = match src_wl {
+                    Some(_) if self.cfg.bind_source_ip => socket::Source::Local(src.ip()),
+                    _ => socket::Source::Any,
+                };
                 let addr = resolved.addr;
                 let conn =
                     match tokio::time::timeout(self.cfg.connect_timeout, self.dial(addr, bind))
@@ -461,7 +461,10 @@ impl Inner {
                 .map_err(|source| DialError::TlsConfig { addr, source })?;
             let work = async {
                 let tcp = me
-                    .dial(addr, src_ip)
+                    .dial(
+                        addr,
+                        src_ip.map_or(socket::Source::Any, socket::Source::Local),
+                    )
                     .await
                     .map_err(|source| DialError::Tcp { addr, source })?;
                 let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
@@ -612,13 +615,14 @@ impl Inner {
         src: SocketAddr,
     ) -> impl Future<Output = ()> + Send {
         async move {
-            let dst = match socket::original_and_local(&client) {
-                Ok((d, local)) if d == local => {
+            let tproxy = self.tproxy_port(self.cfg.outbound_addr);
+            let dst = match socket::captured_destination(&client, tproxy) {
+                Ok(None) => {
                     self.metrics.fail("outbound", "self_call");
-                    tracing::warn!(%src, dst = %d, "connection addressed to the capture port itself; closing");
+                    tracing::warn!(%src, "connection addressed to the capture port itself; closing");
                     return;
                 }
-                Ok((d, _)) => d,
+                Ok(Some(d)) => d,
                 Err(e) => {
                     self.metrics.fail("outbound", "no_original_dst");
                     tracing::warn!(%src, error = %e, "captured connection has no original destination; closing");

@@ -19,9 +19,10 @@ impl Inner {
         src: std::net::SocketAddr,
     ) -> impl Future<Output = ()> + Send {
         async move {
-            let dst = match socket::original_and_local(&client) {
-                Ok((d, local)) if d != local => d,
-                Ok(_) | Err(_) => {
+            let tproxy = self.tproxy_port(self.cfg.inbound_plaintext_addr);
+            let dst = match socket::captured_destination(&client, tproxy) {
+                Ok(Some(d)) => d,
+                Ok(None) | Err(_) => {
                     self.metrics.fail("inbound", "no_original_dst");
                     tracing::warn!(%src, "plaintext inbound connection without an original destination; closing");
                     return;
@@ -54,8 +55,13 @@ impl Inner {
                 return;
             };
             // Boxed: the dial's state is on the heap only while it runs.
-            let Ok(upstream) =
-                Box::pin(self.connect_workload(&record, Via::NONE, record.dst, None)).await
+            let Ok(upstream) = Box::pin(self.connect_workload(
+                &record,
+                Via::NONE,
+                record.dst,
+                self.inbound_source(record.src, record.dst),
+            ))
+            .await
             else {
                 return;
             };

@@ -97,6 +97,7 @@ pub(crate) fn inner(
         metrics: Arc::new(ProxyMetrics::default()),
         drain: CancellationToken::new(),
         sockets: None,
+        transparent: std::sync::atomic::AtomicBool::new(false),
     })
 }
 

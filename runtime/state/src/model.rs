@@ -116,6 +116,7 @@ impl Workload {
             trust_domain: self.trust_domain.clone(),
             node: self.node.clone(),
             workload_name: self.workload_name.clone(),
+            workload_type: self.workload_type.clone(),
             canonical_name: self.canonical_name.clone(),
             canonical_revision: self.canonical_revision.clone(),
             cluster_id: self.cluster_id.clone(),

@@ -37,7 +37,7 @@ async fn sockets_from_the_thread_live_in_the_pod_namespace() {
     // A socket from the same thread reaches it.
     let sock = t.tcp_socket(Domain::IPV4).await.unwrap();
     let (c, a) = tokio::join!(
-        weft_proxy::socket::connect_socket(sock, addr, None, None),
+        weft_proxy::socket::connect_socket(sock, addr, None, weft_proxy::socket::Source::Any),
         lis.accept()
     );
     let c = c.unwrap();

@@ -126,3 +126,22 @@ async fn malformed_requests_are_errors() {
     );
     assert!(matches!(roundtrip(&del, &[]).await.unwrap(), Request::Del(u) if u == "u"));
 }
+
+/// istio-cni reads an answer into 1024 bytes and drops a truncated one: a long error must still fit, cut and
+/// marked, and decode; a short one is sent whole.
+#[test]
+fn an_ack_always_fits_istio_cnis_buffer() {
+    let decode_error = |b: &[u8]| match WorkloadResponse::decode(b).unwrap().payload {
+        Some(zds::workload_response::Payload::Ack(a)) => a.error,
+        other => panic!("not an ack: {other:?}"),
+    };
+    assert_eq!(decode_error(&ack(Some("no such pod"))), "no such pod");
+    assert_eq!(decode_error(&ack(None)), "");
+    for long in ["x".repeat(5000), "é".repeat(3000), "a".repeat(1019)] {
+        let b = ack(Some(&long));
+        assert!(b.len() <= ACK_MAX, "{} bytes", b.len());
+        let text = decode_error(&b);
+        assert!(text.ends_with(" [truncated]"), "{text}");
+        assert!(long.starts_with(text.trim_end_matches(" [truncated]")));
+    }
+}

@@ -37,8 +37,8 @@ fn or_default(s: String, default: &str) -> String {
 
 pub(crate) fn workload(w: WorkloadWire) -> Workload {
     let uid = w.effective_uid();
-    let trust_domain = or_default(w.trust_domain.0, DEFAULT_TRUST_DOMAIN);
-    let service_account = or_default(w.service_account.0, DEFAULT_SERVICE_ACCOUNT);
+    let trust_domain = or_default(w.trust_domain, DEFAULT_TRUST_DOMAIN);
+    let service_account = or_default(w.service_account, DEFAULT_SERVICE_ACCOUNT);
     let services: BTreeMap<String, BTreeMap<u16, u16>> = w
         .services
         .into_iter()
@@ -47,8 +47,8 @@ pub(crate) fn workload(w: WorkloadWire) -> Workload {
     let labels = w.labels.into_iter().map(|(k, v)| (k, v.0)).collect();
     Workload {
         uid,
-        name: w.name.0,
-        namespace: w.namespace.0,
+        name: w.name,
+        namespace: w.namespace,
         service_account,
         trust_domain,
         addresses: w.workload_ips.into_iter().map(|ip| ip.0).collect(),
@@ -57,7 +57,7 @@ pub(crate) fn workload(w: WorkloadWire) -> Workload {
             ProtocolWire::Tcp => TunnelProtocol::Tcp,
             ProtocolWire::Hbone => TunnelProtocol::Hbone,
         },
-        node: w.node.0,
+        node: w.node,
         waypoint: w.waypoint.map(gateway),
         network_gateway: w.network_gateway.map(gateway),
         services,
@@ -68,7 +68,7 @@ pub(crate) fn workload(w: WorkloadWire) -> Workload {
         canonical_name: w.canonical_name,
         canonical_revision: w.canonical_revision,
         cluster_id: w.cluster_id,
-        hostname: w.hostname.0,
+        hostname: w.hostname,
         native_tunnel: w.native_tunnel,
         locality: Locality {
             region: w.locality.region,
@@ -79,7 +79,7 @@ pub(crate) fn workload(w: WorkloadWire) -> Workload {
             NetworkModeWire::Standard => NetworkMode::Standard,
             NetworkModeWire::HostNetwork => NetworkMode::HostNetwork,
         },
-        authorization_policies: w.authorization_policies.into_iter().map(|p| p.0).collect(),
+        authorization_policies: w.authorization_policies,
         capacity: w.capacity.unwrap_or(1),
         meta: Arc::default(),
     }
@@ -112,7 +112,7 @@ pub(crate) fn fold_endpoints(workloads: &mut [Workload], services: &[ServiceWire
         .map(|(i, w)| (w.uid.clone(), i))
         .collect();
     for svc in services {
-        let key = format!("{}/{}", svc.namespace.0, svc.hostname.0);
+        let key = format!("{}/{}", svc.namespace, svc.hostname);
         for (uid, ep) in &svc.endpoints {
             let uid = if ep.workload_uid.is_empty() {
                 uid
@@ -136,9 +136,9 @@ pub(crate) fn fold_endpoints(workloads: &mut [Workload], services: &[ServiceWire
 
 pub(crate) fn service(s: ServiceWire) -> Service {
     Service {
-        name: s.name.0,
-        namespace: s.namespace.0,
-        hostname: s.hostname.0,
+        name: s.name,
+        namespace: s.namespace,
+        hostname: s.hostname,
         vips: s.vips.into_iter().map(|v| (v.network, v.ip)).collect(),
         cidr_vips: s
             .cidr_vips
@@ -241,8 +241,8 @@ fn policy_match(m: MatchWire) -> PolicyMatch {
 
 pub(crate) fn policy(p: PolicyWire) -> Policy {
     Policy {
-        name: p.name.0,
-        namespace: p.namespace.0,
+        name: p.name,
+        namespace: p.namespace,
         scope: match p.scope {
             ScopeWire::Global => PolicyScope::Global,
             ScopeWire::Namespace => PolicyScope::Namespace,

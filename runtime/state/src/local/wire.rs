@@ -11,9 +11,8 @@ use serde::{Deserialize, Deserializer};
 use super::checked::deserialize_checked_list;
 use super::plugins::PluginWire;
 use super::values::{
-    CidrValue, GatewayDestinationValue, HostnameValue, IpValue, LabelValue, NameValue,
-    NamespaceValue, NamespacedHost, NodeValue, OptionalHostnameValue, PolicyKeyValue,
-    PolicyNameValue, ServiceAccountValue, ServicePort, StringMatchWire, TrustDomainValue, VipValue,
+    CidrValue, GatewayDestinationValue, IpValue, LabelValue, NamespacedHost, ServicePort,
+    StringMatchWire, VipValue,
 };
 
 /// The whole file.
@@ -107,12 +106,12 @@ pub(crate) struct WorkloadWire {
     #[serde(default)]
     pub uid: String,
     #[serde(default)]
-    pub name: NameValue,
-    pub namespace: NamespaceValue,
+    pub name: String,
+    pub namespace: String,
     #[serde(default)]
-    pub service_account: ServiceAccountValue,
+    pub service_account: String,
     #[serde(default)]
-    pub trust_domain: TrustDomainValue,
+    pub trust_domain: String,
     #[serde(default)]
     pub workload_ips: Vec<IpValue>,
     #[serde(default)]
@@ -120,7 +119,7 @@ pub(crate) struct WorkloadWire {
     #[serde(default)]
     pub network_mode: NetworkModeWire,
     #[serde(default)]
-    pub node: NodeValue,
+    pub node: String,
     #[serde(default)]
     pub network: String,
     #[serde(default)]
@@ -136,13 +135,13 @@ pub(crate) struct WorkloadWire {
     #[serde(default)]
     pub canonical_revision: String,
     #[serde(default)]
-    pub hostname: OptionalHostnameValue,
+    pub hostname: String,
     #[serde(default)]
     pub native_tunnel: bool,
     #[serde(default)]
     pub application_tunnel: Option<ApplicationTunnelWire>,
     #[serde(default)]
-    pub authorization_policies: Vec<PolicyKeyValue>,
+    pub authorization_policies: Vec<String>,
     #[serde(default)]
     pub status: HealthWire,
     #[serde(default)]
@@ -163,10 +162,7 @@ impl WorkloadWire {
     /// The uid, or Istio's `cluster//Pod/namespace/name` form when the file leaves it out.
     pub fn effective_uid(&self) -> String {
         if self.uid.is_empty() {
-            format!(
-                "{}//Pod/{}/{}",
-                self.cluster_id, self.namespace.0, self.name.0
-            )
+            format!("{}//Pod/{}/{}", self.cluster_id, self.namespace, self.name)
         } else {
             self.uid.clone()
         }
@@ -311,9 +307,9 @@ pub(crate) enum VisibilityWire {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct ServiceWire {
-    pub name: NameValue,
-    pub namespace: NamespaceValue,
-    pub hostname: HostnameValue,
+    pub name: String,
+    pub namespace: String,
+    pub hostname: String,
     #[serde(default)]
     pub vips: Vec<VipValue>,
     #[serde(default)]
@@ -395,8 +391,8 @@ pub(crate) struct MatchWire {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct PolicyWire {
-    pub name: PolicyNameValue,
-    pub namespace: NamespaceValue,
+    pub name: String,
+    pub namespace: String,
     pub scope: ScopeWire,
     pub action: ActionWire,
     pub rules: Vec<Vec<Vec<MatchWire>>>,

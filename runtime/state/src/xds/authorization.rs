@@ -15,8 +15,6 @@ use crate::validate;
 
 /// Convert and check an authorization policy (field paths relative to the Authorization message).
 pub fn authorization(a: Pb) -> Result<Policy, InvalidResource> {
-    check("name", validate::name("policy name", &a.name))?;
-    check("namespace", validate::namespace(&a.namespace))?;
     let scope = match Scope::try_from(a.scope) {
         Ok(Scope::Global) => PolicyScope::Global,
         Ok(Scope::Namespace) => PolicyScope::Namespace,

@@ -14,20 +14,10 @@ pub(crate) fn gateway(field: &str, g: &Pb) -> Result<GatewayAddress, InvalidReso
             network: a.network.clone(),
             ip: check(&format!("{field}.address.address"), ip(&a.address))?,
         },
-        Some(Destination::Hostname(h)) => {
-            check(
-                &format!("{field}.hostname.namespace"),
-                validate::namespace(&h.namespace),
-            )?;
-            check(
-                &format!("{field}.hostname.hostname"),
-                validate::hostname(&h.hostname),
-            )?;
-            GatewayDestination::Hostname {
-                namespace: h.namespace.clone(),
-                hostname: h.hostname.clone(),
-            }
-        }
+        Some(Destination::Hostname(h)) => GatewayDestination::Hostname {
+            namespace: h.namespace.clone(),
+            hostname: h.hostname.clone(),
+        },
         None => {
             return Err(InvalidResource::new(
                 field,

@@ -2,7 +2,7 @@
 //! with the checks the local file applies (`crate::validate`): a resource that fails one is refused with the proto
 //! field path and the reason (the xDS client NACKs it), and everything else in the response applies.
 //!
-//! Where ztunnel is lenient in ways that change what a policy means (a CIDR or string match it cannot read is
+//! Names are taken as they are (see `crate::validate`). Where ztunnel is lenient in ways that change what a policy means (a CIDR or string match it cannot read is
 //! dropped, a port above 65535 is truncated), weft refuses the resource instead: dropping one value of an ALLOW
 //! rule's list widens it.
 

@@ -16,9 +16,6 @@ use crate::validate;
 
 /// Convert and check a service (field paths relative to the Service message).
 pub fn service(s: Pb) -> Result<Service, InvalidResource> {
-    check("name", validate::optional_name("name", &s.name))?;
-    check("namespace", validate::namespace(&s.namespace))?;
-    check("hostname", validate::hostname(&s.hostname))?;
     let mut vips = Vec::new();
     let mut cidr_vips = Vec::new();
     for (i, a) in s.addresses.iter().enumerate() {

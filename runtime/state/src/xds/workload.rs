@@ -21,8 +21,6 @@ pub fn workload(w: Pb) -> Result<Workload, InvalidResource> {
     if w.uid.is_empty() {
         return Err(InvalidResource::new("uid", "must not be empty"));
     }
-    check("name", validate::optional_name("name", &w.name))?;
-    check("namespace", validate::namespace(&w.namespace))?;
     let addresses = w
         .addresses
         .iter()
@@ -43,22 +41,13 @@ pub fn workload(w: Pb) -> Result<Workload, InvalidResource> {
     let trust_domain = if w.trust_domain.is_empty() {
         DEFAULT_TRUST_DOMAIN.to_owned()
     } else {
-        check("trust_domain", validate::trust_domain(&w.trust_domain))?;
         w.trust_domain
     };
     let service_account = if w.service_account.is_empty() {
         DEFAULT_SERVICE_ACCOUNT.to_owned()
     } else {
-        check(
-            "service_account",
-            validate::name("service account", &w.service_account),
-        )?;
         w.service_account
     };
-    check("node", validate::optional_name("node", &w.node))?;
-    if !w.hostname.is_empty() {
-        check("hostname", validate::hostname(&w.hostname))?;
-    }
     let waypoint = w
         .waypoint
         .as_ref()
@@ -69,12 +58,6 @@ pub fn workload(w: Pb) -> Result<Workload, InvalidResource> {
         .as_ref()
         .map(|g| gateway("network_gateway", g))
         .transpose()?;
-    for (i, p) in w.authorization_policies.iter().enumerate() {
-        check(
-            &format!("authorization_policies[{i}]"),
-            validate::policy_key(p),
-        )?;
-    }
     let healthy = match WorkloadStatus::try_from(w.status) {
         Ok(WorkloadStatus::Healthy) => true,
         Ok(WorkloadStatus::Unhealthy) => false,
