@@ -264,18 +264,36 @@ impl ZtunnelMesh {
     }
 }
 
+/// A control plane serving the mesh over Delta ADS (TLS), for nodes started by a [`Setup`] with
+/// [`Setup::xds`] set: they then read no mesh file.
+#[derive(Debug, Clone)]
+pub struct XdsSource {
+    /// `https://ip:port`, reachable from both nodes' namespaces.
+    pub address: String,
+    /// The PEM root its certificate chains to.
+    pub root: PathBuf,
+}
+
 /// The common part of a pair: namespaces with capture, the mesh file (with its trust domain spelled out), the dev
-/// CA's files and `weft-ca` serving them to ztunnel.
-struct Setup {
-    topo: Topology,
-    dir: tempfile::TempDir,
-    ca: NsProcess,
+/// CA's files and `weft-ca` serving them to ztunnel. Nodes read the mesh file, or take it over xDS from
+/// [`Setup::xds`] when that is set.
+#[derive(Debug)]
+pub struct Setup {
+    /// weft-ca, in node A's namespace. (Field order is drop order: the CA goes before the namespaces.)
+    pub ca: NsProcess,
+    /// Namespaces, link and capture.
+    pub topo: Topology,
+    /// Scratch directory.
+    pub dir: tempfile::TempDir,
     ca_addr: SocketAddr,
     ca_dir: PathBuf,
+    /// Where nodes started from now on take the mesh: none, the mesh file.
+    pub xds: Option<XdsSource>,
 }
 
 impl Setup {
-    async fn new(tag: &str, subnet: u8) -> Result<Self, String> {
+    /// Namespaces `tag` (link 10.248.`subnet`.1 and .2, capture), the mesh file and weft-ca in node A's namespace.
+    pub async fn new(tag: &str, subnet: u8) -> Result<Self, String> {
         let client_ip = Ipv4Addr::new(10, 248, subnet, 1);
         let server_ip = Ipv4Addr::new(10, 248, subnet, 2);
         let weft_ca = weft_devmesh::weft_binary()?.with_file_name("weft-ca");
@@ -336,6 +354,7 @@ impl Setup {
             ca,
             ca_addr,
             ca_dir,
+            xds: None,
         })
     }
 
@@ -344,7 +363,7 @@ impl Setup {
     }
 
     /// Node `n` ("a": the client's, "b": the server's) as a ztunnel proxying for that node's workload.
-    fn ztunnel(
+    pub fn ztunnel(
         &self,
         n: &str,
         bin: &Path,
@@ -355,9 +374,18 @@ impl Setup {
             "a" => (&self.topo.ns_a.name, "default/client/client"),
             _ => (&self.topo.ns_b.name, "default/echo/echo"),
         };
+        let (xds_address, mesh_file, xds_root) = match &self.xds {
+            Some(x) => (
+                x.address.clone(),
+                String::new(),
+                x.root.display().to_string(),
+            ),
+            None => (String::new(), self.path("mesh.yaml"), String::new()),
+        };
         let mut env: Vec<(String, String)> = [
-            ("XDS_ADDRESS", String::new()),
-            ("LOCAL_XDS_PATH", self.path("mesh.yaml")),
+            ("XDS_ADDRESS", xds_address),
+            ("LOCAL_XDS_PATH", mesh_file),
+            ("XDS_ROOT_CA", xds_root),
             ("CA_ADDRESS", format!("https://{}", self.ca_addr)),
             (
                 "CA_ROOT_CA",
@@ -376,6 +404,7 @@ impl Setup {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect();
+        env.retain(|(_, v)| !v.is_empty() || self.xds.is_none());
         env.extend(extra_env.iter().cloned());
         NsProcess::spawn(
             &format!("ztunnel node-{n}"),
@@ -387,8 +416,9 @@ impl Setup {
         )
     }
 
-    /// Node `n` as weft, with the same mesh file and its certificates from the same CA's files (`--ca-dir`).
-    fn weft(&self, n: &str, log: &str) -> Result<NodeProcess, String> {
+    /// Node `n` as weft, with the same mesh (file or xDS) and its certificates from the same CA's files
+    /// (`--ca-dir`).
+    pub fn weft(&self, n: &str, log: &str) -> Result<NodeProcess, String> {
         let (ns, role) = match n {
             "a" => (&self.topo.ns_a, ["--inbound-plaintext", "off"]),
             _ => (&self.topo.ns_b, ["--outbound", "off"]),
@@ -404,14 +434,29 @@ impl Setup {
             role[0],
             role[1],
         ];
+        let mut extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let config = match &self.xds {
+            Some(x) => {
+                extra.extend([
+                    "--xds-address".into(),
+                    x.address.clone(),
+                    "--xds-root-cert".into(),
+                    x.root.display().to_string(),
+                    "--xds-token-file".into(),
+                    self.path(&format!("token-{n}")),
+                ]);
+                PathBuf::new()
+            }
+            None => self.dir.path().join("mesh.yaml"),
+        };
         let opts = NodeOptions {
             name: format!("node-{n}"),
             control_ip: Ipv4Addr::LOCALHOST.into(),
-            config: self.dir.path().join("mesh.yaml"),
+            config,
             ca_dir: self.ca_dir.clone(),
             log_path: self.dir.path().join(format!("weft-{n}.log")),
             netns: Some(ns.name.clone()),
-            extra: extra.iter().map(|s| s.to_string()).collect(),
+            extra,
             log: log.into(),
             log_linger: Some("0s".into()),
             env: Vec::new(),

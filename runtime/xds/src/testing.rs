@@ -226,6 +226,24 @@ impl Server {
         s
     }
 
+    /// Serve on `listener`, bound already (e.g. inside another network namespace: a socket stays in the namespace
+    /// it was created in, whichever thread uses it).
+    pub fn start_on(tls: Arc<rustls::ServerConfig>, listener: std::net::TcpListener) -> Self {
+        listener.set_nonblocking(true).unwrap();
+        let listener = TcpListener::from_std(listener).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (conns_tx, conns) = mpsc::unbounded_channel();
+        let mut s = Self {
+            addr,
+            tls,
+            conns_tx,
+            conns,
+            tasks: None,
+        };
+        s.serve(listener);
+        s
+    }
+
     /// `https://localhost:<port>`.
     pub fn url(&self) -> String {
         format!("https://localhost:{}", self.addr.port())
