@@ -47,6 +47,46 @@ COMMIT
 COMMIT
 ";
 
+/// istio-cni's in-pod rules before it moved ambient to REDIRECT (istio/istio `cni/pkg/iptables/testdata/default.golden`
+/// at 85cd183a25aa8987a8f5216484dd96cefbd6c78c, the parent of "Move ambient to REDIRECT mode instead of tproxy",
+/// 4a49d35f5df): inbound TCP goes to 15008 and 15006 by the mangle table's TPROXY target with tproxy-mark 0x111, which
+/// hands a packet only to a listener that has IP_TRANSPARENT (the connection keeps its original addresses: no NAT);
+/// outbound is the same REDIRECT to 15001. The same policy route for 0x111 applies. Such rules are still installed
+/// by istio-cni releases of that era.
+pub const ISTIO_CNI_POD_RULES_TPROXY: &str = "\
+*mangle
+:ISTIO_PRERT - [0:0]
+:ISTIO_OUTPUT - [0:0]
+-A PREROUTING -j ISTIO_PRERT
+-A OUTPUT -j ISTIO_OUTPUT
+-A ISTIO_PRERT -m mark --mark 0x539/0xfff -j CONNMARK --set-xmark 0x111/0xfff
+-A ISTIO_PRERT -s 169.254.7.127 -p tcp -m tcp -j ACCEPT
+-A ISTIO_PRERT ! -d 127.0.0.1/32 -p tcp -i lo -j ACCEPT
+-A ISTIO_PRERT -p tcp -m tcp --dport 15008 -m mark ! --mark 0x539/0xfff -j TPROXY --on-port 15008 --tproxy-mark 0x111/0xfff
+-A ISTIO_PRERT -p tcp -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+-A ISTIO_PRERT ! -d 127.0.0.1/32 -p tcp -m mark ! --mark 0x539/0xfff -j TPROXY --on-port 15006 --tproxy-mark 0x111/0xfff
+-A ISTIO_OUTPUT -m connmark --mark 0x111/0xfff -j CONNMARK --restore-mark --nfmask 0xffffffff --ctmask 0xffffffff
+COMMIT
+*nat
+:ISTIO_OUTPUT - [0:0]
+-A OUTPUT -j ISTIO_OUTPUT
+-A ISTIO_OUTPUT -d 169.254.7.127 -p tcp -m tcp -j ACCEPT
+-A ISTIO_OUTPUT ! -o lo -p udp -m udp --dport 53 -j REDIRECT --to-port 15053
+-A ISTIO_OUTPUT -p tcp -m mark --mark 0x111/0xfff -j ACCEPT
+-A ISTIO_OUTPUT ! -d 127.0.0.1/32 -o lo -j ACCEPT
+-A ISTIO_OUTPUT ! -d 127.0.0.1/32 -p tcp -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15001
+COMMIT
+";
+
+/// Which of istio-cni's rule sets a pod gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodRules {
+    /// Today's: nat REDIRECT ([`ISTIO_CNI_POD_RULES`]).
+    Redirect,
+    /// The earlier TPROXY rules ([`ISTIO_CNI_POD_RULES_TPROXY`]).
+    Tproxy,
+}
+
 /// A pod: its namespace, address and identity.
 #[derive(Debug)]
 pub struct PodNs {
@@ -151,14 +191,31 @@ impl Nodes {
         })
     }
 
+    /// Node A's address on the link between the nodes.
+    pub fn a_link_ip(&self) -> Ipv4Addr {
+        Ipv4Addr::new(10, self.net, 0, 1)
+    }
+
     /// A meshed pod on node A (`on_b` false) or B, number `n` (1..=200): address `10.<net>.<1|2>.<n+1>`, a veth to
-    /// its node, a default route via the node, and istio-cni's pod rules.
+    /// its node, a default route via the node, and istio-cni's pod rules (today's REDIRECT set).
     pub fn pod(
         &self,
         on_b: bool,
         n: u8,
         name: &str,
         service_account: &str,
+    ) -> Result<PodNs, String> {
+        self.pod_with(on_b, n, name, service_account, PodRules::Redirect)
+    }
+
+    /// [`Nodes::pod`] with the rule set `rules`.
+    pub fn pod_with(
+        &self,
+        on_b: bool,
+        n: u8,
+        name: &str,
+        service_account: &str,
+        rules: PodRules,
     ) -> Result<PodNs, String> {
         let id = std::process::id() % 100_000;
         let node = if on_b { &self.b } else { &self.a };
@@ -191,7 +248,13 @@ impl Nodes {
             "ip",
             &["route", "add", "default", "via", &gw, "dev", &pod_if],
         )?;
-        restore(&ns, ISTIO_CNI_POD_RULES)?;
+        restore(
+            &ns,
+            match rules {
+                PodRules::Redirect => ISTIO_CNI_POD_RULES,
+                PodRules::Tproxy => ISTIO_CNI_POD_RULES_TPROXY,
+            },
+        )?;
         ns.exec(
             "ip",
             &[

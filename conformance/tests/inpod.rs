@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use weft_conformance::cni::Agent;
 use weft_conformance::eventually;
-use weft_conformance::podmesh::{Nodes, PodNs, mesh_yaml};
+use weft_conformance::podmesh::{Nodes, PodNs, PodRules, mesh_yaml};
 use weft_devmesh::{NodeOptions, NodeProcess, workload};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -61,6 +61,40 @@ fn echo_in(pod: &PodNs) -> SocketAddr {
     addr
 }
 
+/// A server on `pod`'s address, port 8081, that answers each connection with the address it sees as the peer (as
+/// an application logging or authorizing by peer address would) and closes.
+fn whoami_in(pod: &PodNs) -> SocketAddr {
+    use tokio::io::AsyncWriteExt;
+    let addr = SocketAddr::from((pod.ip, 8081));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let _ = pod.ns.run(move || async move {
+        let l = tokio::net::TcpListener::bind(addr).await.unwrap();
+        tx.send(()).unwrap();
+        while let Ok((mut s, peer)) = l.accept().await {
+            let _ = s.write_all(peer.ip().to_string().as_bytes()).await;
+        }
+    });
+    rx.recv_timeout(WAIT).unwrap();
+    addr
+}
+
+/// From inside `pod`, the peer address the whoami server at `dst` saw.
+async fn peer_seen_from(pod: &PodNs, dst: SocketAddr) -> String {
+    use tokio::io::AsyncReadExt;
+    let h = pod.ns.run(move || async move {
+        let mut s = tokio::net::TcpStream::connect(dst).await?;
+        let mut seen = String::new();
+        s.read_to_string(&mut seen).await?;
+        Ok::<String, std::io::Error>(seen)
+    });
+    tokio::task::spawn_blocking(move || h.join())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap()
+        .unwrap()
+}
+
 /// One round trip from inside `pod` to `dst` with an unmodified client (capture applies).
 async fn round_trip_from(
     pod: &PodNs,
@@ -87,11 +121,16 @@ struct Mesh {
     agent_b: Agent,
 }
 
-/// Two nodes, a client pod on A and a server pod on B, both agents knowing their node's pod.
+/// Two nodes, a client pod on A and a server pod on B, both agents knowing their node's pod (today's rules).
 fn mesh(tag: &str, net: u8) -> Mesh {
+    mesh_with(tag, net, PodRules::Redirect)
+}
+
+/// [`mesh`] with the pods under istio-cni's rule set `rules`.
+fn mesh_with(tag: &str, net: u8, rules: PodRules) -> Mesh {
     let nodes = Nodes::create(tag, net).expect("network namespaces (needs root)");
-    let client = nodes.pod(false, 1, "client", "client").unwrap();
-    let server = nodes.pod(true, 1, "echo", "echo").unwrap();
+    let client = nodes.pod_with(false, 1, "client", "client", rules).unwrap();
+    let server = nodes.pod_with(true, 1, "echo", "echo", rules).unwrap();
     let dir = tempfile::tempdir().unwrap();
     weft_devmesh::write_dev_ca(&dir.path().join("ca"), "cluster.local").unwrap();
     std::fs::write(
@@ -170,13 +209,29 @@ fn pods_in_dump(dump: &serde_json::Value) -> Vec<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pod_to_pod_over_hbone_with_both_identities_and_direct_hbone() {
-    let m = mesh("ia", 231);
+    pod_to_pod(mesh("ia", 231)).await;
+}
+
+/// The same under istio-cni's earlier TPROXY rules: only transparent listeners receive the pods' inbound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_to_pod_under_tproxy_rules() {
+    pod_to_pod(mesh_with("ta", 241, PodRules::Tproxy)).await;
+}
+
+async fn pod_to_pod(m: Mesh) {
     let a = m.start_node(false, "127.0.0.1", "a").await;
     let b = m.start_node(true, "127.0.0.1", "b").await;
     let dst = echo_in(&m.server);
     let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
     let back = round_trip_from(&m.client, dst, data.clone()).await.unwrap();
     assert!(back == data, "echo corrupted: {} bytes back", back.len());
+    // The application in the server pod sees the client pod's own address as its peer, as with ztunnel (its
+    // original-source default), not the server pod's.
+    let whoami = whoami_in(&m.server);
+    assert_eq!(
+        peer_seen_from(&m.client, whoami).await,
+        m.client.ip.to_string()
+    );
 
     // Node B terminated HBONE inside the server pod: the peer is the client pod's own address and identity.
     let inbound = eventually(WAIT, "node B inbound access log", || async {
@@ -241,12 +296,13 @@ async fn pod_to_pod_over_hbone_with_both_identities_and_direct_hbone() {
         .unwrap()
         .unwrap();
     assert_eq!(r.unwrap(), b"direct");
+    let node_a_link = format!("{}:", m.nodes.a_link_ip());
     let inbound = eventually(WAIT, "the direct tunnel's access log", || async {
         b.access_logs().into_iter().find(|l| {
             l["direction"] == "inbound"
                 && l["src.addr"]
                     .as_str()
-                    .is_some_and(|a| a.starts_with("10.231.0.1:"))
+                    .is_some_and(|a| a.starts_with(&node_a_link))
         })
     })
     .await;
@@ -305,7 +361,9 @@ async fn direct_hbone(
     Ok(back)
 }
 
-/// Whether a TCP connection to `addr` from inside `ns` is accepted (a listener is there).
+/// Whether a TCP connection to `addr` from inside `ns` is accepted (a listener is there). Under TPROXY rules a SYN
+/// for a port nobody listens on transparently is dropped rather than refused, so no answer within 5 s (a SYN-ACK
+/// over a local veth takes microseconds) counts as not listening, not as the kernel's minutes of SYN retries.
 async fn listening(ns: &weft_devmesh::netns::Netns, addr: SocketAddr) -> bool {
     let h = ns.run(move || async move {
         let sock =
@@ -315,7 +373,10 @@ async fn listening(ns: &weft_devmesh::netns::Netns, addr: SocketAddr) -> bool {
             .unwrap();
         sock.set_nonblocking(true).unwrap();
         let tcp = tokio::net::TcpSocket::from_std_stream(std::net::TcpStream::from(sock));
-        tcp.connect(addr).await.is_ok()
+        matches!(
+            tokio::time::timeout(std::time::Duration::from_secs(5), tcp.connect(addr)).await,
+            Ok(Ok(_))
+        )
     });
     tokio::task::spawn_blocking(move || h.join())
         .await
@@ -326,7 +387,21 @@ async fn listening(ns: &weft_devmesh::netns::Netns, addr: SocketAddr) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn del_workload_closes_the_pod_listeners_and_a_re_add_restores_them() {
-    let m = mesh("ib", 232);
+    del_workload_closes_the_pod_listeners_and_a_re_add_restores_them_with(mesh("ib", 232)).await;
+}
+
+/// Delete and re-add under istio-cni's earlier TPROXY rules.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn del_workload_closes_the_pod_listeners_and_a_re_add_restores_them_under_tproxy_rules() {
+    del_workload_closes_the_pod_listeners_and_a_re_add_restores_them_with(mesh_with(
+        "tb",
+        242,
+        PodRules::Tproxy,
+    ))
+    .await;
+}
+
+async fn del_workload_closes_the_pod_listeners_and_a_re_add_restores_them_with(m: Mesh) {
     let _a = m.start_node(false, "127.0.0.1", "a").await;
     let b = m.start_node(true, "127.0.0.1", "b").await;
     let dst = echo_in(&m.server);
@@ -379,7 +454,21 @@ async fn del_workload_closes_the_pod_listeners_and_a_re_add_restores_them() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_weft_gets_the_snapshot_again_and_serves_the_pod() {
-    let m = mesh("ic", 233);
+    a_restarted_weft_gets_the_snapshot_again_and_serves_the_pod_with(mesh("ic", 233)).await;
+}
+
+/// A restart under istio-cni's earlier TPROXY rules.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_weft_gets_the_snapshot_again_and_serves_the_pod_under_tproxy_rules() {
+    a_restarted_weft_gets_the_snapshot_again_and_serves_the_pod_with(mesh_with(
+        "tc",
+        243,
+        PodRules::Tproxy,
+    ))
+    .await;
+}
+
+async fn a_restarted_weft_gets_the_snapshot_again_and_serves_the_pod_with(m: Mesh) {
     let _a = m.start_node(false, "127.0.0.1", "a").await;
     let mut b = m.start_node(true, "127.0.0.1", "b").await;
     let dst = echo_in(&m.server);
@@ -505,13 +594,22 @@ struct Tally {
 /// an upgrade of the server's node and then of the client's node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upgrade_overlap_loses_no_connection() {
+    upgrade_overlap(mesh("ie", 235)).await;
+}
+
+/// Upgrades with overlap under istio-cni's earlier TPROXY rules.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_overlap_loses_no_connection_under_tproxy_rules() {
+    upgrade_overlap(mesh_with("te", 245, PodRules::Tproxy)).await;
+}
+
+async fn upgrade_overlap(m: Mesh) {
     /// How long one of the steady client's round trips may take before it counts as failed.
     const HUNG: std::time::Duration = std::time::Duration::from_secs(10);
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    let m = mesh("ie", 235);
     let drain = ["--drain-deadline", "3s"];
     let mut a1 = m.start_node_with(false, "127.0.0.1", "a1", &drain).await;
     let mut b1 = m.start_node_with(true, "127.0.0.1", "b1", &drain).await;

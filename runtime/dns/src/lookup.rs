@@ -1,6 +1,6 @@
 //! Finding a mesh service for a query as its client sees it (aliases, wildcards, visibility, the client's
 //! namespace first), and the addresses to answer with (the VIPs on the client's network, or a headless
-//! service's endpoint addresses), by record family.
+//! service's endpoint addresses, the endpoints it includes only), by record family.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -99,7 +99,8 @@ pub(crate) fn family_allowed(service: &Service, family: Family) -> bool {
 }
 
 /// The addresses to answer with, shuffled: a VIP service's VIPs on the client's network, or a headless service's
-/// endpoints (each endpoint's first address of the family).
+/// endpoints (each endpoint's first address of the family; an unhealthy endpoint only when the service's health
+/// policy is ALLOW_ALL, as ztunnel, which leaves it out of the service's endpoints).
 pub(crate) fn addresses(
     state: &MeshState,
     client: &Workload,
@@ -110,6 +111,7 @@ pub(crate) fn addresses(
         state
             .endpoints_of(&service.key())
             .iter()
+            .filter(|w| service.includes_endpoint(w))
             .filter_map(|w| w.addresses.iter().copied().find(|ip| family.accepts(*ip)))
             .collect()
     } else {

@@ -24,9 +24,9 @@ workloads:
 - {uid: plain-1, name: plain-1, namespace: ns1, workloadIps: [127.0.1.2], protocol: TCP, node: node-a}
 - {uid: remote-1, name: remote-1, namespace: ns1, workloadIps: [127.0.2.1], protocol: HBONE, node: node-b}
 - {uid: db-0, name: db-0, namespace: ns1, workloadIps: [10.1.0.1, "fd00::1"], node: node-b,
-   services: {ns1/db.ns1.svc.cluster.local: {}, ns1/db4.ns1.svc.cluster.local: {}}}
+   services: {ns1/db.ns1.svc.cluster.local: {}, ns1/db4.ns1.svc.cluster.local: {}, ns1/dball.ns1.svc.cluster.local: {}}}
 - {uid: db-1, name: db-1, namespace: ns1, workloadIps: [10.1.0.2, "fd00::2"], node: node-b, status: Unhealthy,
-   services: {ns1/db.ns1.svc.cluster.local: {}, ns1/db4.ns1.svc.cluster.local: {}}}
+   services: {ns1/db.ns1.svc.cluster.local: {}, ns1/db4.ns1.svc.cluster.local: {}, ns1/dball.ns1.svc.cluster.local: {}}}
 services:
 - {name: echo, namespace: ns1, hostname: echo.ns1.svc.cluster.local, vips: ["/10.96.0.10"], ports: {80: 8080}}
 - {name: dual, namespace: ns1, hostname: dual.ns1.svc.cluster.local,
@@ -35,6 +35,7 @@ services:
 - {name: secret, namespace: ns2, hostname: secret.ns2.svc.cluster.local, vips: ["/10.96.0.21"], visibility: Namespace}
 - {name: db, namespace: ns1, hostname: db.ns1.svc.cluster.local}
 - {name: db4, namespace: ns1, hostname: db4.ns1.svc.cluster.local, ipFamilies: IPv4}
+- {name: dball, namespace: ns1, hostname: dball.ns1.svc.cluster.local, loadBalancer: {healthPolicy: AllowAll}}
 - {name: ext, namespace: ns1, hostname: www.example.org}
 - {name: wild, namespace: ns1, hostname: "*.wild.example", vips: ["/10.96.0.30"]}
 - {name: shared, namespace: ns2, hostname: shared.example, vips: ["/10.96.0.40"]}
@@ -149,8 +150,8 @@ async fn headless_services_answer_their_endpoints_by_family() {
     assert!(r.metadata.authoritative);
     assert_eq!(
         ips(&r),
-        [ip("10.1.0.1"), ip("10.1.0.2")],
-        "every endpoint, healthy or not, as ztunnel"
+        [ip("10.1.0.1")],
+        "the healthy endpoint only, as ztunnel (db-1 is unhealthy)"
     );
     let r = ask(
         p.addr,
@@ -160,7 +161,22 @@ async fn headless_services_answer_their_endpoints_by_family() {
         Via::Udp,
     )
     .await;
-    assert_eq!(ips(&r), [ip("fd00::1"), ip("fd00::2")]);
+    assert_eq!(ips(&r), [ip("fd00::1")]);
+    // A health policy of ALLOW_ALL includes the unhealthy endpoint, in DNS as in load balancing.
+    for (family, want) in [
+        (RecordType::A, [ip("10.1.0.1"), ip("10.1.0.2")]),
+        (RecordType::AAAA, [ip("fd00::1"), ip("fd00::2")]),
+    ] {
+        let r = ask(
+            p.addr,
+            ip(CLIENT),
+            "dball.ns1.svc.cluster.local.",
+            family,
+            Via::Udp,
+        )
+        .await;
+        assert_eq!(ips(&r), want, "{family}");
+    }
     // Declared IPv4-only: dual-stack endpoints get no AAAA.
     let r = ask(
         p.addr,
@@ -180,7 +196,7 @@ async fn headless_services_answer_their_endpoints_by_family() {
         Via::Udp,
     )
     .await;
-    assert_eq!(ips(&r).len(), 2);
+    assert_eq!(ips(&r), [ip("10.1.0.1")]);
     // A VIP-less service outside the cluster domain is not a headless service: the upstream answers it.
     let r = ask(
         p.addr,

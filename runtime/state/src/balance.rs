@@ -5,17 +5,13 @@
 use std::sync::Arc;
 
 use crate::model::{Service, Workload};
-use crate::topology::{LbHealthPolicy, LbMode, LbScope};
+use crate::topology::{LbMode, LbScope};
 
 /// Whether `wl` may be picked at all for `svc` by the client `src`: healthy (or the service allows every endpoint)
 /// and reachable: at an address of its own, or (on another network than the client's) through its network gateway.
 pub(crate) fn eligible(svc: &Service, wl: &Workload, src: Option<&Workload>) -> bool {
-    let allow_all = svc
-        .load_balancing
-        .as_ref()
-        .is_some_and(|lb| lb.health_policy == LbHealthPolicy::AllowAll);
     let other_network = src.is_some_and(|s| s.network != wl.network);
-    (wl.healthy || allow_all)
+    svc.includes_endpoint(wl)
         && (!wl.addresses.is_empty() || (other_network && wl.network_gateway.is_some()))
 }
 

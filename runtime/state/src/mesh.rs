@@ -1,13 +1,17 @@
-//! An immutable snapshot of the mesh with the indexes the data path needs (workload by IP, service by VIP).
+//! An immutable snapshot of the mesh with the indexes the data path needs (workload by IP, service by VIP or by
+//! CIDR VIP).
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use ipnet::IpNet;
+
 use crate::balance;
-use crate::model::{LocalPod, PluginSpec, Policy, Service, TunnelProtocol, Workload};
-use crate::topology::LbMode;
+use crate::model::{LocalPod, PluginSpec, Policy, Service, TunnelProtocol, Visibility, Workload};
+use crate::topology::{LbMode, NetworkMode};
 
 mod waypoint;
 
@@ -26,8 +30,13 @@ pub struct MeshState {
     pub policies: BTreeMap<String, Arc<Policy>>,
     /// Plugin specs by name.
     pub plugins: BTreeMap<String, Arc<PluginSpec>>,
+    /// The workload that owns each IP. HOST_NETWORK workloads are left out (their IP is the node's), and of
+    /// several workloads claiming one IP the one [`claim_rank`] ranks highest owns it.
     by_ip: HashMap<IpAddr, Arc<Workload>>,
-    by_vip: HashMap<IpAddr, Arc<Service>>,
+    /// Services by exact VIP, in the order they were indexed (services of several namespaces may share one).
+    by_vip: HashMap<IpAddr, Vec<Arc<Service>>>,
+    /// Services by CIDR VIP, in the order they were indexed: looked through when no exact VIP matches.
+    by_cidr: Vec<(IpNet, Arc<Service>)>,
     /// Services by hostname, lowercased (one hostname may exist in several namespaces).
     by_host: HashMap<String, Vec<Arc<Service>>>,
     endpoints: HashMap<String, Vec<Arc<Workload>>>,
@@ -136,12 +145,14 @@ impl MeshState {
             ..Default::default()
         };
         for w in workloads {
-            for ip in &w.addresses {
-                if let Some(other) = s.by_ip.insert(*ip, w.clone())
-                    && other.uid != w.uid
-                {
-                    tracing::debug!(%ip, workload = %w.uid, other = %other.uid,
-                        "two workloads claim one IP; the later one (by uid) owns it");
+            if w.network_mode == NetworkMode::HostNetwork {
+                // Its addresses are the node's, shared with every other host-network pod: an address says nothing
+                // about which of them a connection is for (ztunnel does not index these either). It is still a
+                // service endpoint below, picked by uid.
+                tracing::trace!(workload = %w.uid, "host-network workload: not indexed by IP");
+            } else {
+                for ip in &w.addresses {
+                    s.claim_ip(*ip, &w);
                 }
             }
             for svc in w.services.keys() {
@@ -151,7 +162,13 @@ impl MeshState {
         }
         for svc in services {
             for (_, vip) in &svc.vips {
-                s.by_vip.insert(*vip, svc.clone());
+                let at = s.by_vip.entry(*vip).or_default();
+                if !at.iter().any(|other| Arc::ptr_eq(other, &svc)) {
+                    at.push(svc.clone());
+                }
+            }
+            for (_, net) in &svc.cidr_vips {
+                s.by_cidr.push((*net, svc.clone()));
             }
             s.by_host
                 .entry(svc.hostname.to_ascii_lowercase())
@@ -168,14 +185,74 @@ impl MeshState {
         s
     }
 
-    /// The workload that owns `ip`, if any.
+    /// Index `w` under `ip`, unless a workload that ranks higher already owns it.
+    fn claim_ip(&mut self, ip: IpAddr, w: &Arc<Workload>) {
+        match self.by_ip.entry(ip) {
+            Entry::Vacant(e) => {
+                e.insert(w.clone());
+            }
+            Entry::Occupied(mut e) => {
+                let other = e.get();
+                if other.uid == w.uid {
+                    return;
+                }
+                let (owner, loser) = if claim_rank(w) >= claim_rank(other) {
+                    (w.clone(), other.clone())
+                } else {
+                    (other.clone(), w.clone())
+                };
+                tracing::debug!(%ip, owner = %owner.uid, other = %loser.uid,
+                    "two workloads claim one IP; a Pod, then an HBONE workload, then the later one (by uid) owns it");
+                e.insert(owner);
+            }
+        }
+    }
+
+    /// The workload that owns `ip`, if any (never a HOST_NETWORK workload).
     pub fn workload_by_ip(&self, ip: IpAddr) -> Option<&Arc<Workload>> {
         self.by_ip.get(&ip)
     }
 
-    /// The service whose VIP is `ip`, if any.
+    /// The service at `ip` as no particular client sees it (visibility does not apply): see
+    /// [`MeshState::service_for`].
     pub fn service_by_vip(&self, ip: IpAddr) -> Option<&Arc<Service>> {
-        self.by_vip.get(&ip)
+        self.service_at(ip, Viewer::Anyone)
+    }
+
+    /// The service a connection from the client `src` to `ip` is for, if any, as ztunnel picks it: of the services
+    /// with the exact VIP `ip` that the client may see (a NAMESPACE service only from its own namespace; a client
+    /// that is not a known workload sees PUBLIC services only), the one in the client's namespace, else a canonical
+    /// one, else the first indexed; when none, the same among the CIDR VIPs containing `ip`, the client's
+    /// namespace first, then the longest prefix, then a canonical one.
+    pub fn service_for(&self, src: Option<&Workload>, ip: IpAddr) -> Option<&Arc<Service>> {
+        self.service_at(ip, Viewer::client(src))
+    }
+
+    /// The service at `ip` for `viewer` (see [`MeshState::service_for`]).
+    fn service_at(&self, ip: IpAddr, viewer: Viewer<'_>) -> Option<&Arc<Service>> {
+        let ns = viewer.namespace();
+        if let Some(found) = self
+            .by_vip
+            .get(&ip)
+            .and_then(|at| best_match(at.iter().filter(|svc| viewer.sees(svc, ip)), ns))
+        {
+            return Some(found);
+        }
+        let mut best: Option<(CidrRank, &Arc<Service>)> = None;
+        for (net, svc) in &self.by_cidr {
+            if !net.contains(&ip) || !viewer.sees(svc, ip) {
+                continue;
+            }
+            let rank = (
+                ns.is_some_and(|n| svc.namespace == n),
+                net.prefix_len(),
+                svc.canonical,
+            );
+            if best.as_ref().is_none_or(|(r, _)| rank > *r) {
+                best = Some((rank, svc));
+            }
+        }
+        best.map(|(_, svc)| svc)
     }
 
     /// The services with this hostname (compared without case), in the order the source listed them.
@@ -233,15 +310,16 @@ impl MeshState {
         self.resolve_from(None, dst)
     }
 
-    /// Resolve an original destination for the client workload `src` (when known): a workload IP, a service VIP
-    /// (→ an endpoint of the best locality tier for `src`, round robin, with the endpoint's target port; or the
-    /// original address for a PASSTHROUGH service), or an address outside the mesh (passed through as is).
+    /// Resolve an original destination for the client workload `src` (when known): a service VIP or CIDR VIP the
+    /// client may see (→ an endpoint of the best locality tier for `src`, round robin, with the endpoint's target
+    /// port; or the original address for a PASSTHROUGH service; see [`MeshState::service_for`]), a workload IP, or
+    /// an address outside the mesh (passed through as is).
     pub fn resolve_from(
         &self,
         src: Option<&Workload>,
         dst: SocketAddr,
     ) -> Result<Resolved, ResolveError> {
-        if let Some(svc) = self.by_vip.get(&dst.ip()) {
+        if let Some(svc) = self.service_for(src, dst.ip()) {
             // Service-addressed: the service's waypoint, if it has one (a workload's own waypoint is for traffic
             // addressed to the workload: Istio sets each one by the waypoint's traffic type).
             if let Some(gw) = self.service_waypoint(svc) {
@@ -255,7 +333,7 @@ impl MeshState {
                                 network: hop.workload.network.clone(),
                             });
                         };
-                        Some(self.gateway_hop(ngw)?)
+                        Some(self.gateway_hop(ngw, Some(src))?)
                     }
                     _ => None,
                 };
@@ -332,7 +410,7 @@ impl MeshState {
                     network: pick.network.clone(),
                 });
             };
-            let hop = self.gateway_hop(gw)?;
+            let hop = self.gateway_hop(gw, Some(src))?;
             return Ok(Resolved {
                 workload: Some(pick.clone()),
                 service: Some(svc.clone()),
@@ -356,5 +434,76 @@ impl MeshState {
             waypoint: None,
             network_gateway: None,
         })
+    }
+}
+
+/// How strongly a workload claims an IP it shares with others (higher wins), as ztunnel ranks them: a Pod (istiod
+/// names pod workloads `<cluster>//Pod/<namespace>/<name>`), which cannot be spoofed the way an EndpointSlice or a
+/// WorkloadEntry address can, then a workload in the mesh (HBONE).
+fn claim_rank(w: &Workload) -> (bool, bool) {
+    (
+        w.uid.contains("//Pod/"),
+        w.protocol == TunnelProtocol::Hbone,
+    )
+}
+
+/// How well a CIDR VIP containing an address matches for a client, compared in order: the service is in the
+/// client's namespace, the prefix length, the service is canonical (ztunnel's `CidrMatchRank`).
+type CidrRank = (bool, u8, bool);
+
+/// Of services sharing one address, the one a client in `namespace` means: its own namespace's at once, else the
+/// last canonical one, else the first (ztunnel's `find_best_match`).
+fn best_match<'a>(
+    services: impl Iterator<Item = &'a Arc<Service>>,
+    namespace: Option<&str>,
+) -> Option<&'a Arc<Service>> {
+    let mut first = None;
+    let mut canonical = None;
+    for svc in services {
+        if namespace == Some(svc.namespace.as_str()) {
+            return Some(svc);
+        }
+        if svc.canonical {
+            canonical = Some(svc);
+        }
+        first.get_or_insert(svc);
+    }
+    canonical.or(first)
+}
+
+/// Who looks a service up by address: service visibility applies to clients only.
+#[derive(Debug, Clone, Copy)]
+enum Viewer<'a> {
+    /// No client: the inbound side checking what a CONNECT names, or an inspection. Every service is visible.
+    Anyone,
+    /// A client, with its namespace when it is a known workload (one that is not sees PUBLIC services only).
+    Client(Option<&'a str>),
+}
+
+impl<'a> Viewer<'a> {
+    /// The viewer for the client workload `src`.
+    fn client(src: Option<&'a Workload>) -> Self {
+        Viewer::Client(src.map(|w| w.namespace.as_str()))
+    }
+
+    fn namespace(self) -> Option<&'a str> {
+        match self {
+            Viewer::Anyone => None,
+            Viewer::Client(ns) => ns,
+        }
+    }
+
+    /// Whether this viewer may see `svc` (found at `ip`, for the log).
+    fn sees(self, svc: &Service, ip: IpAddr) -> bool {
+        let visible = match self {
+            Viewer::Anyone => true,
+            Viewer::Client(Some(ns)) => svc.visible_to(ns),
+            Viewer::Client(None) => svc.visibility == Visibility::Public,
+        };
+        if !visible {
+            tracing::debug!(service = %svc.key(), client_namespace = self.namespace().unwrap_or(""), %ip,
+                "service not visible to the client's namespace: not routed to it");
+        }
+        visible
     }
 }

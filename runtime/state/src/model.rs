@@ -9,7 +9,9 @@ use ipnet::IpNet;
 use serde::Serialize;
 use weft_hooks::WorkloadMeta;
 
-use crate::topology::{GatewayAddress, LoadBalancing, Locality, NetworkMode, WeightedWaypoint};
+use crate::topology::{
+    GatewayAddress, LbHealthPolicy, LoadBalancing, Locality, NetworkMode, WeightedWaypoint,
+};
 
 /// How a workload is reached by peers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
@@ -165,7 +167,7 @@ pub struct Service {
     /// The address families the service serves (`None`: as its addresses are); decides the DNS record types of a
     /// headless service, whose endpoints may be dual-stack.
     pub ip_families: Option<IpFamilies>,
-    /// Which clients may resolve it by name.
+    /// Which clients may resolve it by name or reach it at its VIPs.
     pub visibility: Visibility,
     /// Preferred over same-hostname services of other namespaces (the client's own namespace wins first).
     pub canonical: bool,
@@ -194,6 +196,16 @@ impl Service {
     pub fn visible_to(&self, namespace: &str) -> bool {
         self.visibility == Visibility::Public || self.namespace == namespace
     }
+
+    /// Whether the endpoint `wl` counts for this service at all, for load balancing and headless DNS answers
+    /// alike: it is healthy, or the service's health policy is ALLOW_ALL (ztunnel's `should_include_endpoint`).
+    pub fn includes_endpoint(&self, wl: &Workload) -> bool {
+        wl.healthy
+            || self
+                .load_balancing
+                .as_ref()
+                .is_some_and(|lb| lb.health_policy == LbHealthPolicy::AllowAll)
+    }
 }
 
 /// A service's address families (xDS `IPFamilies`).
@@ -220,7 +232,7 @@ impl IpFamilies {
     }
 }
 
-/// Who may resolve a service by name (xDS `Service.visibility`).
+/// Who may resolve a service by name or reach it at its VIPs (xDS `Service.visibility`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub enum Visibility {
     /// Every client.

@@ -244,6 +244,43 @@ async fn a_source_that_is_no_local_workload_gets_no_identity() {
     assert_eq!(last_close(&hooks).response_flags, "IDENTITY_ERROR");
 }
 
+/// A hostNetwork pod's address is the node's, shared by every process there: it is no workload's address (as in
+/// ztunnel), so a connection from it gets no identity, not the pod's.
+#[tokio::test]
+async fn a_host_network_pods_address_is_no_source_workload() {
+    let n = Net(13);
+    let node_ip = n.ip(3);
+    let mesh = yaml(n, "echo").replace(
+        "\nservices:\n",
+        &format!(
+            "\n- uid: Kubernetes//Pod/default/host-agent
+  name: host-agent
+  namespace: default
+  serviceAccount: agent
+  workloadIps: [{node_ip}]
+  protocol: HBONE
+  networkMode: HostNetwork
+  node: node-a
+services:\n"
+        ),
+    );
+    let hooks = Arc::new(Recorder::default());
+    let a = testkit::inner(
+        testkit::config("node-a", HBONE_PORT),
+        testkit::state(&mesh),
+        testkit::identity(),
+        hooks.clone(),
+    );
+    let e = a
+        .establish_outbound(SocketAddr::from((node_ip, 40_000)), n.echo(), None)
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(e, OutboundError::Identity(_)), "{e}");
+    let (record, _) = hooks.closes().pop().expect("a close was reported");
+    assert!(record.src_workload.is_none() && record.peer_identity.is_none());
+}
+
 /// Hole 4: a connection verified against {workload identity, service SAN} (a request to the VIP) must not be
 /// reused for a request to the workload address, which accepts the workload identity only.
 #[tokio::test]
@@ -415,6 +452,69 @@ async fn a_silent_peer_times_out() {
     );
     assert_eq!(last_close(&hooks).response_flags, "CONNECT");
     held.abort();
+}
+
+/// A NAMESPACE service is a service only to clients of its own namespace: from another namespace its VIP is no
+/// service (as in ztunnel), so the connection goes to the VIP as dialled instead of to the service's endpoint.
+#[tokio::test]
+async fn a_namespace_service_vip_is_no_service_from_another_namespace() {
+    let n = Net(12);
+    let own_client = SocketAddr::from((n.ip(2), 40_000));
+    let endpoint = SocketAddr::from((n.ip(21), 8080));
+    let vip = SocketAddr::from((n.ip(101), 8080));
+    testkit::echo(endpoint).await;
+    // Stands in for whatever answers at the VIP outside the mesh.
+    testkit::echo(vip).await;
+    let mesh = format!(
+        r#"workloads:
+- uid: Kubernetes//Pod/default/client
+  name: client
+  namespace: default
+  workloadIps: [{client}]
+  node: node-a
+- uid: Kubernetes//Pod/legacy/client
+  name: client
+  namespace: legacy
+  workloadIps: [{own_client}]
+  node: node-a
+- uid: Kubernetes//Pod/legacy/store
+  name: store
+  namespace: legacy
+  workloadIps: [{endpoint}]
+  protocol: TCP
+  node: node-b
+  services:
+    legacy/store.legacy.svc.cluster.local: {{8080: 8080}}
+services:
+- name: store
+  namespace: legacy
+  hostname: store.legacy.svc.cluster.local
+  vips: ["/{vip}"]
+  ports: {{8080: 8080}}
+  visibility: Namespace
+"#,
+        client = n.client().ip(),
+        own_client = own_client.ip(),
+        endpoint = endpoint.ip(),
+        vip = vip.ip(),
+    );
+    let a = testkit::inner(
+        testkit::config("node-a", HBONE_PORT),
+        testkit::state(&mesh),
+        testkit::identity(),
+        Arc::new(Recorder::default()),
+    );
+    let est = a.establish_outbound(own_client, vip, None).await.unwrap();
+    assert!(matches!(&est.upstream, Upstream::Tcp(s) if s.peer_addr().unwrap() == endpoint));
+    assert_eq!(
+        est.record.dst_service.as_deref(),
+        Some("legacy/store.legacy.svc.cluster.local")
+    );
+    round_trip(&a, est, b"from its own namespace").await;
+    let est = a.establish_outbound(n.client(), vip, None).await.unwrap();
+    assert!(matches!(&est.upstream, Upstream::Tcp(s) if s.peer_addr().unwrap() == vip));
+    assert!(est.record.dst_service.is_none() && est.record.dst_workload.is_none());
+    round_trip(&a, est, b"from another namespace").await;
 }
 
 /// What a long-lived connection's task holds is the relay, not its setup: resolving, policy and the HBONE connect

@@ -169,7 +169,8 @@ impl WorkloadWire {
     }
 }
 
-/// Uids and IPs seen so far in `workloads`, to refuse duplicates while the position is still known.
+/// Uids and IPs seen so far in `workloads`, to refuse duplicates while the position is still known (the IPs of
+/// host-network workloads are not counted: see `check`).
 #[derive(Default)]
 struct SeenWorkloads {
     uids: HashMap<String, usize>,
@@ -184,7 +185,17 @@ impl SeenWorkloads {
                 "duplicate workload uid {uid:?} (already used by workloads[{first}])"
             ));
         }
-        for ip in &w.workload_ips {
+        // A host-network workload's addresses are the node's: shared with other host-network pods (and maybe with
+        // a workload that is indexed there), never indexed by IP, so they claim nothing. Its own list still may not
+        // repeat an address.
+        let host_network = matches!(w.network_mode, NetworkModeWire::HostNetwork);
+        for (i, ip) in w.workload_ips.iter().enumerate() {
+            if host_network {
+                if w.workload_ips[..i].iter().any(|before| before.0 == ip.0) {
+                    return Err(format!("workload IP {} is listed twice", ip.0));
+                }
+                continue;
+            }
             match self.ips.get(&ip.0) {
                 Some(&first) if first == index => {
                     return Err(format!("workload IP {} is listed twice", ip.0));
@@ -213,7 +224,7 @@ fn deserialize_workloads<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Workload
     })
 }
 
-/// ztunnel's `NetworkCidr` (kept in the model; weft does not route to CIDR VIPs yet).
+/// ztunnel's `NetworkCidr`: a CIDR VIP, routed by longest prefix when no exact VIP matches.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct CidrVipWire {

@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::{MeshState, ResolveError};
+use super::{MeshState, ResolveError, Viewer};
 use crate::balance;
 use crate::model::{Service, Workload};
 use crate::topology::{GatewayAddress, GatewayDestination};
@@ -65,11 +65,13 @@ impl MeshState {
         svc.waypoint.as_ref()
     }
 
-    fn named(&self, dest: &GatewayDestination) -> Option<Named<'_>> {
+    /// What `dest` names for `viewer`: by address, a service it may see (see [`MeshState::service_for`]), else a
+    /// workload; by hostname, the service of that namespace (visibility does not apply, as in ztunnel), else a
+    /// workload.
+    fn named(&self, dest: &GatewayDestination, viewer: Viewer<'_>) -> Option<Named<'_>> {
         match dest {
             GatewayDestination::Address { ip, .. } => self
-                .by_vip
-                .get(ip)
+                .service_at(*ip, viewer)
                 .map(Named::Service)
                 .or_else(|| self.by_ip.get(ip).map(Named::Workload)),
             GatewayDestination::Hostname {
@@ -102,33 +104,46 @@ impl MeshState {
         src: Option<&Workload>,
         through_gateway: bool,
     ) -> Result<WaypointHop, ResolveError> {
+        self.hop(gw, src, Viewer::client(src), through_gateway)
+    }
+
+    /// [`MeshState::waypoint_hop`], with `src` the client whose locality and network count (none for a network
+    /// gateway) and `viewer` the one whose service visibility applies to a waypoint named by address.
+    fn hop(
+        &self,
+        gw: &GatewayAddress,
+        src: Option<&Workload>,
+        viewer: Viewer<'_>,
+        through_gateway: bool,
+    ) -> Result<WaypointHop, ResolveError> {
         let port = match gw.hbone_mtls_port {
             0 => DEFAULT_WAYPOINT_PORT,
             p => p,
         };
         let unknown = || ResolveError::UnknownWaypoint(gw.destination.to_string());
-        let (workload, service, port) = match self.named(&gw.destination).ok_or_else(unknown)? {
-            Named::Workload(w) => (w.clone(), None, port),
-            Named::Service(svc) => {
-                let key = svc.key();
-                let svc_target = svc.ports.get(&port).copied();
-                let eligible = self.endpoints_of(&key).iter().filter(|w| {
-                    balance::eligible(svc, w, src)
-                        && (svc_target.is_some() || w.application_tunnel.is_some())
-                });
-                let tier = balance::best_tier(src, svc, eligible);
-                let pick = balance::pick(&tier, self.rr.fetch_add(1, Ordering::Relaxed))
-                    .ok_or_else(unknown)?;
-                let target = pick
-                    .services
-                    .get(&key)
-                    .and_then(|m| m.get(&port).copied())
-                    .filter(|p| *p != 0)
-                    .or(svc_target.filter(|p| *p != 0))
-                    .unwrap_or(port);
-                (pick.clone(), Some(svc.clone()), target)
-            }
-        };
+        let (workload, service, port) =
+            match self.named(&gw.destination, viewer).ok_or_else(unknown)? {
+                Named::Workload(w) => (w.clone(), None, port),
+                Named::Service(svc) => {
+                    let key = svc.key();
+                    let svc_target = svc.ports.get(&port).copied();
+                    let eligible = self.endpoints_of(&key).iter().filter(|w| {
+                        balance::eligible(svc, w, src)
+                            && (svc_target.is_some() || w.application_tunnel.is_some())
+                    });
+                    let tier = balance::best_tier(src, svc, eligible);
+                    let pick = balance::pick(&tier, self.rr.fetch_add(1, Ordering::Relaxed))
+                        .ok_or_else(unknown)?;
+                    let target = pick
+                        .services
+                        .get(&key)
+                        .and_then(|m| m.get(&port).copied())
+                        .filter(|p| *p != 0)
+                        .or(svc_target.filter(|p| *p != 0))
+                        .unwrap_or(port);
+                    (pick.clone(), Some(svc.clone()), target)
+                }
+            };
         let remote = src.is_some_and(|src| src.network != workload.network);
         if remote && !through_gateway {
             return Err(ResolveError::WaypointOnOtherNetwork {
@@ -153,17 +168,22 @@ impl MeshState {
         })
     }
 
-    /// The network gateway instance for `gw` (named like a waypoint: an address or a hostname). A gateway lives on
-    /// the remote network, so there is no network check, and its instances are picked without the client's
-    /// locality; every failure is `UnknownNetworkGateway`.
-    pub(super) fn gateway_hop(&self, gw: &GatewayAddress) -> Result<WaypointHop, ResolveError> {
-        self.waypoint_hop(gw, None, false)
+    /// The network gateway instance for `gw` (named like a waypoint: an address or a hostname) as the client `src`
+    /// finds it (its service visibility applies to a gateway named by address). A gateway lives on the remote
+    /// network, so there is no network check, and its instances are picked without the client's locality; every
+    /// failure is `UnknownNetworkGateway`.
+    pub(super) fn gateway_hop(
+        &self,
+        gw: &GatewayAddress,
+        src: Option<&Workload>,
+    ) -> Result<WaypointHop, ResolveError> {
+        self.hop(gw, None, Viewer::client(src), false)
             .map_err(|_| ResolveError::UnknownNetworkGateway(gw.destination.to_string()))
     }
 
     /// Whether the workload `wl` is one of the instances of the waypoint `gw`.
     fn is_instance_of(&self, gw: &GatewayAddress, wl: &Workload) -> bool {
-        match self.named(&gw.destination) {
+        match self.named(&gw.destination, Viewer::Anyone) {
             Some(Named::Workload(w)) => w.uid == wl.uid,
             Some(Named::Service(svc)) => wl.services.contains_key(&svc.key()),
             None => false,
@@ -182,7 +202,7 @@ impl MeshState {
     /// Whether the local workload `wl` is the waypoint of what `target` addresses (a service VIP or a workload
     /// IP): the one case where an inbound CONNECT may name an address that is not the workload's own.
     pub fn is_waypoint_for(&self, target: IpAddr, wl: &Workload) -> bool {
-        let gw = match self.by_vip.get(&target) {
+        let gw = match self.service_at(target, Viewer::Anyone) {
             Some(svc) => svc.waypoint.as_ref(),
             None => self.by_ip.get(&target).and_then(|w| w.waypoint.as_ref()),
         };
