@@ -179,3 +179,65 @@ async fn dual_stack_capture_listener_serves_both_families() {
         "{srcs:?}"
     );
 }
+
+/// The peer the application on node B sees for a connection from node A's client through capture and HBONE: in
+/// node mode weft dials it from node B's own address unless `--original-source true`; with it, from the client's
+/// address, where node B's capture routes the replies back to weft (here as istio-cni's pod rules do: weft's
+/// marked connections set connmark 0x111, replies carrying it are routed to the local table).
+async fn peer_seen_by_the_app(tag: &str, subnet: u8, original_source: bool) -> (String, NetMesh) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use weft_conformance::netmesh::{Layout, yaml};
+    let (c, s) = (
+        std::net::Ipv4Addr::new(10, 248, subnet, 1),
+        std::net::Ipv4Addr::new(10, 248, subnet, 2),
+    );
+    let mut layout = Layout::new(c, s, 24);
+    if original_source {
+        layout.flags_b = vec!["--original-source".into(), "true".into()];
+    }
+    let mesh = NetMesh::start_with(tag, &layout, &yaml(c, s), "info")
+        .await
+        .expect("network namespaces (needs root)");
+    for rule in [
+        "iptables -t mangle -A PREROUTING -m mark --mark 0x539/0xfff -j CONNMARK --set-xmark 0x111/0xfff",
+        "iptables -t mangle -A OUTPUT -m connmark --mark 0x111/0xfff -j CONNMARK --restore-mark --nfmask \
+         0xffffffff --ctmask 0xffffffff",
+        "ip rule add fwmark 0x111/0xfff pref 32764 lookup 100",
+        "ip route add local 0.0.0.0/0 dev lo table 100",
+    ] {
+        let words: Vec<&str> = rule.split_whitespace().collect();
+        mesh.ns_b.exec(words[0], &words[1..]).unwrap();
+    }
+    // A server on the captured port that writes the peer it sees and closes.
+    let dst = mesh.server();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let _server = mesh.ns_b.run(move || async move {
+        let l = tokio::net::TcpListener::bind(dst).await.unwrap();
+        tx.send(()).unwrap();
+        while let Ok((mut s, peer)) = l.accept().await {
+            let _ = s.write_all(peer.ip().to_string().as_bytes()).await;
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(30)).unwrap();
+    let h = mesh.ns_a.run(move || async move {
+        let mut s = connect(dst, false).await?;
+        let mut seen = String::new();
+        s.read_to_string(&mut seen).await?;
+        Ok::<String, std::io::Error>(seen)
+    });
+    let seen = tokio::task::spawn_blocking(move || h.join())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    (seen, mesh)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_mode_keeps_the_client_address_only_when_asked() {
+    let (seen, mesh) = peer_seen_by_the_app("os", 13, true).await;
+    assert_eq!(seen, mesh.client_ip.to_string());
+    let (seen, mesh) = peer_seen_by_the_app("od", 14, false).await;
+    assert_eq!(seen, mesh.server_ip.to_string());
+}

@@ -59,6 +59,16 @@ async fn bad_connects_get_proper_statuses() {
         status_of(&c, &format!("{}:8080", a.echo())).await.unwrap(),
         StatusCode::OK
     );
+    // The 200 describes the destination workload in `baggage`, as ztunnel's does by default.
+    let (_, headers) = c
+        .connect(weft_hbone::ConnectRequest::new(format!("{}:8080", a.echo())))
+        .await
+        .unwrap();
+    assert_eq!(
+        headers["baggage"],
+        "k8s.cluster.name=Kubernetes,k8s.namespace.name=default,k8s.deployment.name=echo,service.name=echo,\
+         service.version=v1"
+    );
     // Not a workload on this node.
     assert_eq!(
         status_of(&c, "127.0.99.99:8080").await.unwrap(),
