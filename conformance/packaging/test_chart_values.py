@@ -313,7 +313,9 @@ def test_control_plane(render):
     c = dep["spec"]["template"]["spec"]["containers"][0]
     assert c["args"][0] == "control"
     args = {a.split("=", 1)[0]: a.partition("=")[2] for a in c["args"][1:]}
-    assert args["--audience"] == "istio-ca", "the nodes present their istio-ca tokens"
+    # One credential per audience: weft control reviews tokens for its own audience, from the node agents only.
+    assert args["--audience"] == "weft-control"
+    assert args["--node-accounts"] == f"{NAMESPACE}/ztunnel"
     assert args["--kube-api"] == "https://kubernetes.default.svc"
     # Serving key, API server CA and its own token in one projected volume (owned by the pod's user).
     creds = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}["credentials"]["projected"]
@@ -335,6 +337,17 @@ def test_control_plane(render):
     args = args_of(r.container())
     assert args["plugin-xds-address"] == "https://weft-control.istio-system.svc:15012"
     assert args["plugin-xds-root-cert"] == "/var/run/secrets/istio/root-cert.pem"
+    # ... with a token for weft control's audience alone; istiod keeps getting the istio-ca one.
+    assert args["plugin-xds-token-file"] == "/var/run/secrets/tokens/weft-control-token"
+    assert args["xds-token-file"] == args["ca-token-file"] == "/var/run/secrets/tokens/istio-token"
+    istio, control = volumes_of(r.daemonset())["istio-token"]["projected"]["sources"]
+    assert istio["serviceAccountToken"]["audience"] == "istio-ca"
+    assert control["serviceAccountToken"] == {
+        "path": "weft-control-token",
+        "audience": "weft-control",
+        "expirationSeconds": istio["serviceAccountToken"]["expirationSeconds"],
+    }
+    assert mounts_of(r.container())["/var/run/secrets/tokens"] == "istio-token"
 
 
 def test_every_path_weft_is_given_is_mounted(render):

@@ -27,6 +27,41 @@ pub struct Ads {
     pub registry: Arc<Registry>,
     /// How callers are authenticated.
     pub auth: Authenticator,
+    /// The service accounts node agents run as; any other caller is refused (empty: any authenticated caller).
+    pub node_accounts: Vec<NodeAccount>,
+}
+
+/// A service account a node agent runs as (`namespace/name`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeAccount {
+    /// Namespace.
+    pub namespace: String,
+    /// Service account name.
+    pub name: String,
+}
+
+impl std::str::FromStr for NodeAccount {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once('/') {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+                Ok(Self {
+                    namespace: ns.to_owned(),
+                    name: name.to_owned(),
+                })
+            }
+            _ => Err(format!(
+                "invalid node account {s:?} (expected \"namespace/service-account\")"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for NodeAccount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
 }
 
 impl Ads {
@@ -72,6 +107,23 @@ impl AggregatedDiscoveryService for Ads {
                 ));
             }
         };
+        let account = NodeAccount {
+            namespace: caller.identity.namespace().to_owned(),
+            name: caller.identity.service_account().to_owned(),
+        };
+        if !self.node_accounts.is_empty() && !self.node_accounts.contains(&account) {
+            // Audit: an authenticated caller that is no node agent (a workload's token, another component's).
+            tracing::warn!(target: "audit", ?peer, account = %account, identity = %caller.identity,
+                node = caller.node.as_deref().unwrap_or("-"), decision = "deny",
+                "caller is not a node agent account (--node-accounts); stream refused");
+            return Err(self.refuse(
+                "account_not_allowed",
+                peer,
+                Status::permission_denied(format!(
+                    "service account {account} is not a node agent account of this control plane"
+                )),
+            ));
+        }
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let span = tracing::info_span!("ads", peer = ?peer, caller = %caller.identity);
         tokio::spawn(

@@ -78,9 +78,14 @@ pub struct ControlArgs {
     /// weft control's own token for the API server (allowed to create TokenReviews).
     #[arg(long)]
     pub kube_token_file: Option<PathBuf>,
-    /// Audience the nodes' tokens must carry.
-    #[arg(long, default_value = "istio-ca")]
+    /// Audience the nodes' tokens must carry (TokenReview). weft control's own, not istiod's `istio-ca`: a token
+    /// a node sends here cannot be replayed to istiod, and one meant for istiod is refused here.
+    #[arg(long, env = "WEFT_CONTROL_AUDIENCE", default_value = "weft-control")]
     pub audience: String,
+    /// The service accounts node agents run as (`namespace/name`, comma-separated; the chart's DaemonSet account):
+    /// any other caller, however authenticated, is refused and audit-logged. Required with --kube-api.
+    #[arg(long, env = "WEFT_CONTROL_NODE_ACCOUNTS", value_delimiter = ',')]
+    pub node_accounts: Vec<crate::ads::NodeAccount>,
     /// Trust domain of the identities derived from service accounts.
     #[arg(long, default_value = "cluster.local")]
     pub trust_domain: String,
@@ -148,6 +153,13 @@ fn init_logging(filter: &str, json: bool) -> anyhow::Result<Arc<dyn LogLevel>> {
 pub fn tls_and_auth(
     args: &ControlArgs,
 ) -> anyhow::Result<(Arc<rustls::ServerConfig>, Authenticator)> {
+    if args.tokens.is_none() && args.kube_api.is_some() && args.node_accounts.is_empty() {
+        anyhow::bail!(
+            "--kube-api needs --node-accounts (the node agents' service accounts, namespace/name): without it every \
+             service account with a token for audience {} could stream the mesh",
+            args.audience
+        );
+    }
     let tls = match (&args.ca_dir, &args.tls_cert, &args.tls_key) {
         (Some(dir), _, _) => {
             let ca = LocalCa::from_dir(dir).context("--ca-dir")?;
@@ -181,6 +193,7 @@ pub fn tls_and_auth(
         },
         (None, None) => anyhow::bail!("give --tokens or --kube-api"),
     };
+
     Ok((tls, auth))
 }
 
@@ -210,6 +223,7 @@ pub fn run(args: ControlArgs, log: Option<Arc<dyn LogLevel>>) -> anyhow::Result<
             listen: args.listen,
             tls,
             auth,
+            node_accounts: args.node_accounts.clone(),
             mesh: args.mesh.clone(),
             plugins_dir: args.plugins_dir.clone(),
             poll: args.poll,

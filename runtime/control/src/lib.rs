@@ -20,4 +20,5 @@ pub mod server;
 pub mod status;
 pub mod stream;
 
+pub use ads::NodeAccount;
 pub use server::{ControlConfig, Error, Running, start};

@@ -44,6 +44,9 @@ pub struct ControlConfig {
     pub tls: Arc<rustls::ServerConfig>,
     /// Caller authentication.
     pub auth: Authenticator,
+    /// The service accounts node agents run as; other callers are refused and audit-logged (empty: any caller
+    /// the authenticator accepts, as with a static token file whose every entry is a node).
+    pub node_accounts: Vec<crate::ads::NodeAccount>,
     /// The mesh file (ztunnel's local-config format); none: no workloads, services or policies.
     pub mesh: Option<PathBuf>,
     /// The directory of WeftPlugin files; none: no plugins.
@@ -139,6 +142,7 @@ pub async fn start(cfg: ControlConfig) -> Result<Running, Error> {
         publisher: publisher.clone(),
         registry: registry.clone(),
         auth: cfg.auth,
+        node_accounts: cfg.node_accounts,
     };
     let grpc = AggregatedDiscoveryServiceServer::new(ads)
         .max_decoding_message_size(16 << 20)

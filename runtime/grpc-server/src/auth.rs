@@ -153,12 +153,20 @@ async fn token_review(
             .unwrap_or("not authenticated");
         return Err(AuthError::Rejected(why.to_owned()));
     }
-    if let Some(auds) = st.get("audiences").and_then(|a| a.as_array())
-        && !auds.iter().any(|a| a.as_str() == Some(audience))
-    {
-        return Err(AuthError::Rejected(format!(
-            "token audiences {auds:?} lack {audience}"
-        )));
+    // The audiences the authenticator vouches for: they must include ours. An answer without them (an API server
+    // that ignored `spec.audiences`) vouches for none, so the token is refused rather than taken as ours.
+    match st.get("audiences").and_then(|a| a.as_array()) {
+        Some(auds) if auds.iter().any(|a| a.as_str() == Some(audience)) => {}
+        Some(auds) => {
+            return Err(AuthError::Rejected(format!(
+                "token audiences {auds:?} lack {audience}"
+            )));
+        }
+        None => {
+            return Err(AuthError::Rejected(format!(
+                "the TokenReview answer names no audiences, so none vouches for {audience}"
+            )));
+        }
     }
     let user = st.get("user").cloned().unwrap_or_default();
     let username = user

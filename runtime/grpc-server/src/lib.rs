@@ -3,6 +3,8 @@
 //! HTTP/2 ([`serve`]), one task and one tracing span per connection.
 
 pub mod auth;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod tls;
 
 use std::convert::Infallible;

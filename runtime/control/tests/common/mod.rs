@@ -68,6 +68,7 @@ impl Env {
             listen: "127.0.0.1:0".parse().unwrap(),
             tls,
             auth: Authenticator::Static(self.path("tokens.yaml")),
+            node_accounts: Vec::new(),
             mesh: Some(self.path("mesh.yaml")),
             plugins_dir: Some(self.path("plugins")),
             poll: Duration::from_millis(20),
