@@ -198,3 +198,64 @@ async fn policy_change_closes_live_connections_now_denied() {
     .await;
     assert!(matches!(r, Err(socks5::Socks5Error::Reply(2))), "{r:?}");
 }
+
+/// With the default plugins off, nothing enforces the mesh's policies: node B then denies connections to the
+/// workloads they apply to, logs the policy, counts it and lists it in `/config_dump`, unless the operator passes
+/// `--allow-unenforced-policies` (ztunnel always enforces them; weft must not drop them by accident).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policies_no_plugin_enforces_fail_closed_unless_allowed() {
+    for (n, allow) in [(54u8, false), (56, true)] {
+        let a = Addrs { n };
+        let base = mesh_yaml(a, "echo");
+        let mesh = Mesh::start_with(a, &base, &format!("{base}{DENY_OTHER}"), |o| {
+            o.extra.extend(["--default-plugins".into(), "false".into()]);
+            if allow {
+                o.extra.push("--allow-unenforced-policies".into());
+            }
+        })
+        .await
+        .unwrap();
+        let src = Some(IpAddr::V4(a.client()));
+        let r = socks5::connect(mesh.a.socks5, src, SocketAddr::from((a.echo(), 8080))).await;
+        let dump = mesh.b.config_dump().await.unwrap();
+        let listed = dump["unenforcedPolicies"].as_array().unwrap().clone();
+        if allow {
+            let s = r.unwrap();
+            assert_eq!(
+                workload::round_trip(s, b"opted out").await.unwrap(),
+                b"opted out"
+            );
+            assert!(listed.is_empty(), "{listed:?}");
+        } else {
+            assert!(matches!(r, Err(socks5::Socks5Error::Reply(2))), "{r:?}");
+            assert_eq!(listed.len(), 1, "{listed:?}");
+            assert!(
+                listed[0].as_str().unwrap().contains("default/only-8080"),
+                "{listed:?}"
+            );
+            let m = mesh.b.scrape().await.unwrap();
+            assert_eq!(
+                metric_sum(
+                    &m,
+                    "weft_plugin_unenforced_policy_denials_total{policy=\"default/only-8080\"}"
+                ),
+                1.0,
+                "{m}"
+            );
+            let logged = eventually(Duration::from_secs(10), "the policy logged", || async {
+                mesh.b
+                    .log_lines()
+                    .into_iter()
+                    .find(|l| l["policy"] == "default/only-8080" && l["level"] == "ERROR")
+            })
+            .await;
+            assert!(
+                logged["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("no serving policy plugin enforces"),
+                "{logged}"
+            );
+        }
+    }
+}

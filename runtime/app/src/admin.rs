@@ -34,6 +34,9 @@ pub struct Node {
     /// The xDS sources (readiness waits for their first complete sync).
     pub xds: Vec<weft_xds::XdsHandle>,
     pub plugins: Box<dyn Fn() -> serde_json::Value + Send + Sync>,
+    /// Istio authorization policies in force that no serving policy plugin enforces (their connections are
+    /// denied), each with why.
+    pub unenforced_policies: Box<dyn Fn() -> Vec<String> + Send + Sync>,
 }
 
 impl AdminHandler for Node {
@@ -54,6 +57,7 @@ impl AdminHandler for Node {
             "sources": crate::xds::dump(&self.state, &self.xds),
             "certificates": self.identity.dump(),
             "plugins": (self.plugins)(),
+            "unenforcedPolicies": (self.unenforced_policies)(),
             "inpod": self.inpod.as_ref().map(|p| p.dump()),
             "connections": {
                 "live": self.proxy.get().map(|p| p.tracker().len()).unwrap_or(0),

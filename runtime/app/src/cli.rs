@@ -247,8 +247,14 @@ pub struct RunArgs {
     pub config_poll: Duration,
     /// Load the embedded default plugins (istio-authz, istio-telemetry); a config entry of the same name replaces
     /// one.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, env = "WEFT_DEFAULT_PLUGINS", default_value_t = true, action = clap::ArgAction::Set)]
     pub default_plugins: bool,
+    /// Let connections through to workloads that Istio authorization policies apply to when no serving policy
+    /// plugin enforces Istio's AuthorizationPolicy (a replaced istio-authz, --default-plugins false). Off: they are
+    /// denied, the policy logged once and counted (weft_plugin_unenforced_policy_denials_total), and /config_dump
+    /// lists it (unenforcedPolicies); ztunnel always enforces them.
+    #[arg(long, env = "WEFT_ALLOW_UNENFORCED_POLICIES")]
+    pub allow_unenforced_policies: bool,
     /// Directory where compiled plugins are cached by content hash (none: compile on every start).
     #[arg(long, env = "WEFT_PLUGIN_CACHE")]
     pub plugin_cache: Option<PathBuf>,

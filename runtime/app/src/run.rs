@@ -182,6 +182,7 @@ fn plugin_host_config(args: &RunArgs) -> HostConfig {
         telemetry_linger: args.plugin_telemetry_linger,
         epoch_tick: args.plugin_epoch_tick,
         max_idle_per_plugin: defaults.max_idle_per_plugin.max(instances),
+        allow_unenforced_policies: args.allow_unenforced_policies,
         ..defaults
     }
 }
@@ -359,6 +360,10 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<()> {
         plugins: {
             let host = host.clone();
             Box::new(move || serde_json::to_value(host.status()).unwrap_or_default())
+        },
+        unenforced_policies: {
+            let host = host.clone();
+            Box::new(move || host.unenforced_policies())
         },
     });
     let shards = match shard_count(&args) {

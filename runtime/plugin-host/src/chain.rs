@@ -6,6 +6,8 @@ use std::sync::Arc;
 use weft_hooks::{ConnectionRecord, Direction, Verdict};
 use weft_state::{FailurePolicy, PluginKind, PluginSpec};
 
+use crate::bindings::types as wit;
+use crate::enforce::Unenforced;
 use crate::plugin::PluginVersion;
 
 /// A policy plugin in the chain: a serving version, or a spec that never loaded and fails closed.
@@ -34,11 +36,19 @@ pub(crate) struct Chain {
     pub inbound: Vec<Link>,
     pub outbound: Vec<Link>,
     pub telemetry: Vec<Arc<PluginVersion>>,
+    /// The policies in force, when unenforced ones must fail closed (`None`: none in force, or the operator opted
+    /// out).
+    pub unenforced: Option<Arc<Unenforced>>,
 }
 
 impl Chain {
-    /// Builds the chain from the serving versions and the specs that never loaded.
-    pub fn build(serving: &[Arc<PluginVersion>], broken: &[(Arc<PluginSpec>, String)]) -> Chain {
+    /// Builds the chain from the serving versions and the specs that never loaded, failing closed for `unenforced`
+    /// policies.
+    pub fn build(
+        serving: &[Arc<PluginVersion>],
+        broken: &[(Arc<PluginSpec>, String)],
+        unenforced: Option<Arc<Unenforced>>,
+    ) -> Chain {
         let mut links: Vec<Link> = serving
             .iter()
             .filter(|v| v.spec.kind == PluginKind::Policy)
@@ -78,7 +88,16 @@ impl Chain {
                 .cloned()
                 .collect(),
             telemetry,
+            unenforced,
         }
+    }
+
+    /// Whether no serving inbound policy plugin enforces Istio's AuthorizationPolicy at all (for `/config_dump`).
+    pub fn enforces_no_policy(&self) -> bool {
+        !self.inbound.iter().any(|l| match l {
+            Link::Serving(v) => v.wants.contains(wit::StateKinds::AUTHORIZATION_POLICIES),
+            Link::Broken { .. } => false,
+        })
     }
 
     /// Runs the policy chain: every selected plugin must allow; the first deny wins. A plugin is not called about a
@@ -88,9 +107,14 @@ impl Chain {
             Direction::Inbound => &self.inbound,
             Direction::Outbound => &self.outbound,
         };
+        // Whether a plugin that enforces Istio's AuthorizationPolicy saw (or declared it need not see) this one.
+        let mut enforced = false;
         for link in links {
             if !crate::plugin::selects(link.spec(), conn) {
                 continue;
+            }
+            if let Link::Serving(v) = link {
+                enforced |= v.wants.contains(wit::StateKinds::AUTHORIZATION_POLICIES);
             }
             let verdict = match link {
                 Link::Serving(v) if !v.scope.covers(conn) => {
@@ -108,6 +132,19 @@ impl Chain {
                 tracing::debug!(target: "plugin", conn = conn.id, plugin = %by, reason = %reason, "connection denied");
                 return verdict;
             }
+        }
+        // Istio's policies are enforced where the connection arrives, as ztunnel enforces them.
+        if !enforced
+            && conn.direction == Direction::Inbound
+            && let Some(u) = &self.unenforced
+            && let Some(w) = &conn.dst_workload
+            && let Some(policy) = u.applying(w)
+        {
+            u.denied(policy, w);
+            return Verdict::Deny {
+                by: "weft".into(),
+                reason: crate::enforce::reason(policy),
+            };
         }
         Verdict::Allow
     }

@@ -72,6 +72,9 @@ pub struct HostConfig {
     pub rollout: PluginRollout,
     /// The clock probation windows are measured on (tests inject a [`crate::ManualClock`]).
     pub clock: Arc<dyn Clock>,
+    /// Let connections through when Istio authorization policies apply to their destination but no serving policy
+    /// plugin enforces them (`--allow-unenforced-policies`); by default they are denied (see `enforce.rs`).
+    pub allow_unenforced_policies: bool,
 }
 
 impl Default for HostConfig {
@@ -100,6 +103,7 @@ impl Default for HostConfig {
             telemetry_linger: Duration::from_millis(20),
             rollout: crate::rollout::default_rollout(),
             clock: Arc::new(SystemClock::default()),
+            allow_unenforced_policies: false,
         }
     }
 }

@@ -34,6 +34,8 @@ pub(crate) struct HostMetrics {
     log_dropped: Family<Labels, Counter>,
     metric_dropped: Family<Labels, Counter>,
     pub(crate) telemetry_dropped: Counter,
+    /// Connections denied because an authorization policy applied that no plugin enforces, by policy.
+    pub(crate) unenforced_denials: Family<crate::enforce::PolicyLabel, Counter>,
 }
 
 impl Default for HostMetrics {
@@ -50,6 +52,7 @@ impl Default for HostMetrics {
             log_dropped: Family::default(),
             metric_dropped: Family::default(),
             telemetry_dropped: Counter::default(),
+            unenforced_denials: Family::default(),
         }
     }
 }
@@ -184,6 +187,13 @@ impl HostMetrics {
             "weft_plugin_telemetry_events_dropped",
             "Telemetry events dropped because the telemetry queue was full.",
             self.telemetry_dropped.clone(),
+        );
+        registry.register(
+            "weft_plugin_unenforced_policy_denials",
+            "Inbound connections denied because an Istio authorization policy applies to the destination and no \
+             serving policy plugin enforces Istio's AuthorizationPolicy, by policy (--allow-unenforced-policies \
+             opts out).",
+            self.unenforced_denials.clone(),
         );
         registry.register_collector(Box::new(hub.clone()));
     }

@@ -29,6 +29,7 @@ mod chain;
 mod compiler;
 mod config;
 mod convert;
+mod enforce;
 mod engine;
 mod epoch;
 mod error;

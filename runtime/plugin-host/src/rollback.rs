@@ -33,7 +33,16 @@ pub(crate) fn publish(applied: &Applied, chain: &ArcSwap<Chain>, shared: &Shared
         .filter(|(name, _)| !applied.serving.contains_key(*name))
         .map(|(_, (spec, reason))| (spec.clone(), reason.clone()))
         .collect();
-    chain.store(Arc::new(Chain::build(&serving, &broken)));
+    let unenforced = (!shared.config.allow_unenforced_policies)
+        .then(|| {
+            crate::enforce::Unenforced::build(
+                &applied.policies,
+                shared.metrics.unenforced_denials.clone(),
+            )
+        })
+        .flatten()
+        .map(Arc::new);
+    chain.store(Arc::new(Chain::build(&serving, &broken, unenforced)));
     shared.hub.publish(
         applied
             .serving

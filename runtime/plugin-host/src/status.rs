@@ -64,6 +64,21 @@ pub struct PluginStatus {
 }
 
 impl PluginHost {
+    /// The Istio authorization policies in force that no serving policy plugin enforces at all, each with why
+    /// (empty when one does, or the operator opted out with `--allow-unenforced-policies`). Connections to the
+    /// workloads they apply to are denied.
+    pub fn unenforced_policies(&self) -> Vec<String> {
+        let chain = self.chain.load();
+        match &chain.unenforced {
+            Some(u) if chain.enforces_no_policy() => u
+                .keys()
+                .into_iter()
+                .map(|k| crate::enforce::reason(&k))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// A status line per configured plugin, in name order.
     pub fn status(&self) -> Vec<PluginStatus> {
         let Ok(applied) = self.applied.lock() else {
