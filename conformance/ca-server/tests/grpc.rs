@@ -132,10 +132,10 @@ async fn the_channel_is_rebuilt_when_the_root_file_changes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_review_authenticates_nodes_by_their_bound_tokens() {
-    let api = FakeKubeApi::start().await;
+    let api = fake_kube_api().await;
     let auth = Authenticator::TokenReview {
         api: Box::new(
-            weft_identity::KubeClient::new(&api.url, None, Some(api.ca_token_file.clone()))
+            weft_identity::KubeClient::new(&api.url, None, Some(api.reviewer_token_file.clone()))
                 .unwrap(),
         ),
         audience: "istio-ca".into(),
@@ -170,7 +170,7 @@ async fn token_review_authenticates_nodes_by_their_bound_tokens() {
         assert_eq!(r["kind"], "TokenReview");
         assert_eq!(r["spec"]["audiences"], serde_json::json!(["istio-ca"]));
     }
-    assert!(api.saw_ca_token());
+    assert!(api.saw_reviewer_token());
 }
 
 /// The refusal's text, asserted to be a PermissionDenied.
@@ -220,10 +220,10 @@ async fn static_tokens_only_trusted_node_agents_may_impersonate() {
 /// Hole 2 of #8, with TokenReview: the same rules for tokens the API server vouches for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_review_only_trusted_node_agents_may_impersonate() {
-    let api = FakeKubeApi::start().await;
+    let api = fake_kube_api().await;
     let auth = Authenticator::TokenReview {
         api: Box::new(
-            weft_identity::KubeClient::new(&api.url, None, Some(api.ca_token_file.clone()))
+            weft_identity::KubeClient::new(&api.url, None, Some(api.reviewer_token_file.clone()))
                 .unwrap(),
         ),
         audience: "istio-ca".into(),

@@ -1,5 +1,6 @@
 //! A fake Kubernetes API server for TokenReview tests (feature `testing`; never linked by a shipped binary): real
-//! HTTP on a loopback port, `POST /apis/authentication.k8s.io/v1/tokenreviews` answered as the API server does.
+//! HTTP on a loopback port, `POST /apis/authentication.k8s.io/v1/tokenreviews` answered as the API server does, and
+//! `GET` of each token's pod.
 //! Each token it knows has its own audiences, service account and node; a review is authenticated only when the
 //! token's audiences meet the review's `spec.audiences`, and `status.audiences` is that intersection (what the
 //! authenticator guarantees, per the TokenReview API reference). The caller must present `reviewer_token`.
@@ -8,6 +9,7 @@
 
 use std::convert::Infallible;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -29,8 +31,11 @@ pub struct FakeToken {
     pub service_account: String,
     /// The audiences it was issued for.
     pub audiences: Vec<String>,
-    /// The node its pod runs on (`authentication.kubernetes.io/node-name`, Kubernetes 1.30+).
+    /// The node its pod runs on as the token says it (`authentication.kubernetes.io/node-name`, Kubernetes
+    /// 1.30+); `None`: a token bound to its pod only, as before 1.30.
     pub node: Option<String>,
+    /// The node the token's pod runs on, as `GET` of the pod answers (`spec.nodeName`).
+    pub pod_node: String,
 }
 
 impl FakeToken {
@@ -48,7 +53,23 @@ impl FakeToken {
             service_account: service_account.into(),
             audiences: audiences.iter().map(|a| a.to_string()).collect(),
             node: Some(node.into()),
+            pod_node: node.into(),
         }
+    }
+
+    /// The same token bound only to its pod (no node name in it), as Kubernetes before 1.30 issues them: a
+    /// reviewer finds the node by reading the pod.
+    pub fn pod_only(mut self) -> Self {
+        self.node = None;
+        self
+    }
+
+    /// Its pod's name and uid.
+    fn pod(&self) -> (String, String) {
+        (
+            format!("{}-pod", self.service_account),
+            format!("uid-of-{}-pod", self.service_account),
+        )
     }
 }
 
@@ -59,6 +80,7 @@ pub struct FakeKubeApi {
     /// A file holding the reviewer's own token (what `--kube-token-file` names).
     pub reviewer_token_file: PathBuf,
     reviews: Arc<Mutex<Vec<Value>>>,
+    saw_reviewer: Arc<AtomicBool>,
     _dir: tempfile::TempDir,
 }
 
@@ -71,14 +93,16 @@ impl FakeKubeApi {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let reviews = Arc::new(Mutex::new(Vec::new()));
+        let saw_reviewer = Arc::new(AtomicBool::new(false));
+        let saw = saw_reviewer.clone();
         let tokens = Arc::new(tokens);
         let seen = reviews.clone();
         tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
-                let (tokens, seen) = (tokens.clone(), seen.clone());
+                let (tokens, seen, saw) = (tokens.clone(), seen.clone(), saw.clone());
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req| {
-                        handle(tokens.clone(), seen.clone(), req)
+                        handle(tokens.clone(), seen.clone(), saw.clone(), req)
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(tcp), svc)
@@ -90,6 +114,7 @@ impl FakeKubeApi {
             url,
             reviewer_token_file,
             reviews,
+            saw_reviewer,
             _dir: dir,
         }
     }
@@ -97,6 +122,11 @@ impl FakeKubeApi {
     /// Every TokenReview received so far, as sent.
     pub fn reviews(&self) -> Vec<Value> {
         self.reviews.lock().unwrap().clone()
+    }
+
+    /// Whether a request presented the reviewer's own token.
+    pub fn saw_reviewer_token(&self) -> bool {
+        self.saw_reviewer.load(Ordering::Relaxed)
     }
 }
 
@@ -116,6 +146,7 @@ fn status_body(code: u16, reason: &str, message: &str) -> Value {
 async fn handle(
     tokens: Arc<Vec<FakeToken>>,
     seen: Arc<Mutex<Vec<Value>>>,
+    saw_reviewer: Arc<AtomicBool>,
     req: http::Request<hyper::body::Incoming>,
 ) -> Result<http::Response<Full<Bytes>>, Infallible> {
     let authorized = req
@@ -126,8 +157,30 @@ async fn handle(
     if !authorized {
         return reply(401, status_body(401, "Unauthorized", "Unauthorized"));
     }
+    saw_reviewer.store(true, Ordering::Relaxed);
     let (method, path) = (req.method().clone(), req.uri().path().to_owned());
     let body = req.into_body().collect().await.unwrap().to_bytes();
+    if method == http::Method::GET {
+        // GET /api/v1/namespaces/<ns>/pods/<name>: a token's pod.
+        let pod = tokens
+            .iter()
+            .find(|t| path == format!("/api/v1/namespaces/{}/pods/{}", t.namespace, t.pod().0));
+        return match pod {
+            Some(t) => {
+                let (name, uid) = t.pod();
+                reply(
+                    200,
+                    json!({"apiVersion": "v1", "kind": "Pod",
+                           "metadata": {"name": name, "namespace": t.namespace, "uid": uid},
+                           "spec": {"nodeName": t.pod_node, "serviceAccountName": t.service_account}}),
+                )
+            }
+            None => reply(
+                404,
+                status_body(404, "NotFound", &format!("{path} not found")),
+            ),
+        };
+    }
     if method != http::Method::POST || path != "/apis/authentication.k8s.io/v1/tokenreviews" {
         return reply(
             404,
@@ -157,9 +210,10 @@ async fn handle(
                     "[invalid bearer token, token audiences {:?} is invalid for the target audiences {:?}]",
                     t.audiences, wanted)})
             } else {
+                let (pod, uid) = t.pod();
                 let mut extra = json!({
-                    "authentication.kubernetes.io/pod-name": [format!("{}-pod", t.service_account)],
-                    "authentication.kubernetes.io/pod-uid": [format!("uid-of-{}-pod", t.service_account)],
+                    "authentication.kubernetes.io/pod-name": [pod],
+                    "authentication.kubernetes.io/pod-uid": [uid],
                 });
                 if let Some(n) = &t.node {
                     extra["authentication.kubernetes.io/node-name"] = json!([n]);

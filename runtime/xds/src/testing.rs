@@ -211,19 +211,9 @@ pub struct Server {
 }
 
 impl Server {
+    /// Serve on a free loopback port.
     pub async fn start(tls: Arc<rustls::ServerConfig>) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (conns_tx, conns) = mpsc::unbounded_channel();
-        let mut s = Self {
-            addr,
-            tls,
-            conns_tx,
-            conns,
-            tasks: None,
-        };
-        s.serve(listener);
-        s
+        Self::start_on(tls, std::net::TcpListener::bind("127.0.0.1:0").unwrap())
     }
 
     /// Serve on `listener`, bound already (e.g. inside another network namespace: a socket stays in the namespace

@@ -2,16 +2,12 @@
 //! TokenReview and Pod JSON.
 #![allow(dead_code, clippy::unwrap_used)]
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
-use serde_json::{Value, json};
+pub use weft_grpc_server::testing::{FakeKubeApi, FakeToken};
 use weft_ca_server::{Authenticator, CaService, Fault, TrustedNodeAccounts};
 use weft_identity::{CertRequest, IstioCaClient, IstioCaConfig, LocalCa, SpiffeId};
 use weft_state::StateStore;
@@ -211,156 +207,17 @@ pub const TOKEN_POD_ON_B: &str = "bound-to-pod-on-b";
 pub const TOKEN_WORKLOAD_ON_A: &str = "workload-client-on-node-a";
 pub const TOKEN_REJECTED: &str = "expired";
 pub const TOKEN_OTHER_AUDIENCE: &str = "for-another-audience";
-const CA_OWN_TOKEN: &str = "the-ca-itself";
 
-/// A fake Kubernetes API server: TokenReview (`authentication.k8s.io/v1`) and GET Pod, as the real API shapes
-/// them.
-pub struct FakeKubeApi {
-    pub url: String,
-    pub ca_token_file: PathBuf,
-    state: Arc<Mutex<ApiState>>,
-    _dir: tempfile::TempDir,
-}
-
-#[derive(Default)]
-struct ApiState {
-    reviews: Vec<Value>,
-    saw_ca_token: bool,
-}
-
-impl FakeKubeApi {
-    pub async fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let ca_token_file = dir.path().join("ca-token");
-        std::fs::write(&ca_token_file, CA_OWN_TOKEN).unwrap();
-        let state = Arc::new(Mutex::new(ApiState::default()));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let st = state.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((tcp, _)) = listener.accept().await else {
-                    return;
-                };
-                let st = st.clone();
-                tokio::spawn(async move {
-                    let svc = hyper::service::service_fn(move |req| handle(st.clone(), req));
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(tcp), svc)
-                        .await;
-                });
-            }
-        });
-        Self {
-            url,
-            ca_token_file,
-            state,
-            _dir: dir,
-        }
-    }
-
-    pub fn reviews(&self) -> Vec<Value> {
-        self.state.lock().unwrap().reviews.clone()
-    }
-
-    pub fn saw_ca_token(&self) -> bool {
-        self.state.lock().unwrap().saw_ca_token
-    }
-}
-
-fn reply(status: u16, body: Value) -> Result<http::Response<Full<Bytes>>, Infallible> {
-    Ok(http::Response::builder()
-        .status(status)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap())
-}
-
-fn user(sa: &str, extra: Value) -> Value {
-    user_in("weft-system", sa, extra)
-}
-
-fn user_in(ns: &str, sa: &str, extra: Value) -> Value {
-    json!({
-        "username": format!("system:serviceaccount:{ns}:{sa}"),
-        "uid": format!("uid-of-{sa}"),
-        "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{ns}"), "system:authenticated"],
-        "extra": extra,
-    })
-}
-
-async fn handle(
-    st: Arc<Mutex<ApiState>>,
-    req: http::Request<hyper::body::Incoming>,
-) -> Result<http::Response<Full<Bytes>>, Infallible> {
-    let authorized = req
-        .headers()
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        == Some(&format!("Bearer {CA_OWN_TOKEN}"));
-    if !authorized {
-        return reply(
-            401,
-            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "Unauthorized", "reason": "Unauthorized", "code": 401}),
-        );
-    }
-    st.lock().unwrap().saw_ca_token = true;
-    let (method, path) = (req.method().clone(), req.uri().path().to_owned());
-    let body = req.into_body().collect().await.unwrap().to_bytes();
-    match (method.as_str(), path.as_str()) {
-        ("POST", "/apis/authentication.k8s.io/v1/tokenreviews") => {
-            let review: Value = serde_json::from_slice(&body).unwrap();
-            st.lock().unwrap().reviews.push(review.clone());
-            let token = review["spec"]["token"].as_str().unwrap_or("");
-            let wanted = review["spec"]["audiences"].clone();
-            let status = match token {
-                TOKEN_NODE_A => {
-                    json!({"authenticated": true, "audiences": wanted, "user": user("node-a", json!({
-                        "authentication.kubernetes.io/credential-id": ["JTI=1"],
-                        "authentication.kubernetes.io/node-name": ["node-a"],
-                        "authentication.kubernetes.io/node-uid": ["node-uid-a"],
-                        "authentication.kubernetes.io/pod-name": ["weft-a"],
-                        "authentication.kubernetes.io/pod-uid": ["pod-uid-a"],
-                    }))})
-                }
-                TOKEN_POD_ON_B => {
-                    json!({"authenticated": true, "audiences": wanted, "user": user("node-b", json!({
-                        "authentication.kubernetes.io/pod-name": ["weft-b"],
-                        "authentication.kubernetes.io/pod-uid": ["pod-uid-b"],
-                    }))})
-                }
-                TOKEN_WORKLOAD_ON_A => {
-                    json!({"authenticated": true, "audiences": wanted, "user": user_in("default", "client", json!({
-                        "authentication.kubernetes.io/credential-id": ["JTI=2"],
-                        "authentication.kubernetes.io/node-name": ["node-a"],
-                        "authentication.kubernetes.io/node-uid": ["node-uid-a"],
-                        "authentication.kubernetes.io/pod-name": ["client-7d9f"],
-                        "authentication.kubernetes.io/pod-uid": ["pod-uid-client"],
-                    }))})
-                }
-                TOKEN_OTHER_AUDIENCE => {
-                    json!({"user": {}, "error": format!("[invalid bearer token, token audiences [\"vault\"] is invalid for the target audiences {wanted}]")})
-                }
-                _ => {
-                    json!({"user": {}, "error": "[invalid bearer token, service account token has expired]"})
-                }
-            };
-            let mut out = review;
-            out["metadata"] = json!({"creationTimestamp": null});
-            out["status"] = status;
-            reply(201, out)
-        }
-        ("GET", "/api/v1/namespaces/weft-system/pods/weft-b") => reply(
-            200,
-            json!({
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": "weft-b", "namespace": "weft-system", "uid": "pod-uid-b"},
-                "spec": {"nodeName": "node-b", "serviceAccountName": "node-b"},
-            }),
-        ),
-        _ => reply(
-            404,
-            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": format!("{path} not found"), "reason": "NotFound", "code": 404}),
-        ),
-    }
+/// A fake Kubernetes API server (`weft_grpc_server::testing`) that knows the tokens above: node-a's agent
+/// (weft-system/node-a, bound to node-a), node-b's agent bound to its pod only (a cluster before 1.30: the node is
+/// read from the pod), a workload's token (default/client on node-a), and one issued for another audience
+/// (`vault`). `TOKEN_REJECTED` is unknown to it (expired).
+pub async fn fake_kube_api() -> FakeKubeApi {
+    FakeKubeApi::start(vec![
+        FakeToken::new(TOKEN_NODE_A, "weft-system", "node-a", &["istio-ca"], "node-a"),
+        FakeToken::new(TOKEN_POD_ON_B, "weft-system", "node-b", &["istio-ca"], "node-b").pod_only(),
+        FakeToken::new(TOKEN_WORKLOAD_ON_A, "default", "client", &["istio-ca"], "node-a"),
+        FakeToken::new(TOKEN_OTHER_AUDIENCE, "weft-system", "node-a", &["vault"], "node-a"),
+    ])
+    .await
 }
