@@ -61,7 +61,10 @@ async fn bad_connects_get_proper_statuses() {
     );
     // The 200 describes the destination workload in `baggage`, as ztunnel's does by default.
     let (_, headers) = c
-        .connect(weft_hbone::ConnectRequest::new(format!("{}:8080", a.echo())))
+        .connect(weft_hbone::ConnectRequest::new(format!(
+            "{}:8080",
+            a.echo()
+        )))
         .await
         .unwrap();
     assert_eq!(
