@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use weft_grpc_server::testing::{FakeKubeApi, FakeToken};
 use weft_ca_server::{Authenticator, CaService, Fault, TrustedNodeAccounts};
+pub use weft_grpc_server::testing::{FakeKubeApi, FakeToken};
 use weft_identity::{CertRequest, IstioCaClient, IstioCaConfig, LocalCa, SpiffeId};
 use weft_state::StateStore;
 
@@ -214,10 +214,35 @@ pub const TOKEN_OTHER_AUDIENCE: &str = "for-another-audience";
 /// (`vault`). `TOKEN_REJECTED` is unknown to it (expired).
 pub async fn fake_kube_api() -> FakeKubeApi {
     FakeKubeApi::start(vec![
-        FakeToken::new(TOKEN_NODE_A, "weft-system", "node-a", &["istio-ca"], "node-a"),
-        FakeToken::new(TOKEN_POD_ON_B, "weft-system", "node-b", &["istio-ca"], "node-b").pod_only(),
-        FakeToken::new(TOKEN_WORKLOAD_ON_A, "default", "client", &["istio-ca"], "node-a"),
-        FakeToken::new(TOKEN_OTHER_AUDIENCE, "weft-system", "node-a", &["vault"], "node-a"),
+        FakeToken::new(
+            TOKEN_NODE_A,
+            "weft-system",
+            "node-a",
+            &["istio-ca"],
+            "node-a",
+        ),
+        FakeToken::new(
+            TOKEN_POD_ON_B,
+            "weft-system",
+            "node-b",
+            &["istio-ca"],
+            "node-b",
+        )
+        .pod_only(),
+        FakeToken::new(
+            TOKEN_WORKLOAD_ON_A,
+            "default",
+            "client",
+            &["istio-ca"],
+            "node-a",
+        ),
+        FakeToken::new(
+            TOKEN_OTHER_AUDIENCE,
+            "weft-system",
+            "node-a",
+            &["vault"],
+            "node-a",
+        ),
     ])
     .await
 }
