@@ -8,7 +8,10 @@
 //! Invariants beyond "no panic, no hang, no OOM": while the server plays by the rules, the client receives exactly
 //! the data sent and then a clean end of stream, and otherwise never data that differs from what was sent before
 //! the first broken rule; a read that failed keeps failing; the server receives exactly what the client wrote, and a
-//! clean end of stream, unless the client hit an error (then a prefix of it).
+//! clean end of stream, unless the client hit an error or flooded the server with key updates (then a prefix of
+//! it). The rules include weft-tls's limits on records that deliver nothing, which are rustls's: more than 32 empty
+//! records or 32 key updates in a row without data is a flood. The script takes a run that may reach a limit as a
+//! broken rule, as it cannot see every key update sent to answer a request.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -19,6 +22,10 @@ use weft_tls::TlsStream;
 
 /// Bytes of data (both ways together) one input may ask for.
 const MAX_DATA: usize = 2 * 1024 * 1024;
+
+/// rustls's limits on empty records and on key updates in a row without data (weft-tls has the same).
+const MAX_EMPTY_IN_A_ROW: usize = 32;
+const MAX_KEY_UPDATES_IN_A_ROW: usize = 32;
 
 fn configs() -> &'static (Arc<rustls::ClientConfig>, Arc<rustls::ServerConfig>) {
     static C: OnceLock<(Arc<rustls::ClientConfig>, Arc<rustls::ServerConfig>)> = OnceLock::new();
@@ -116,6 +123,14 @@ async fn script(input: &[u8]) {
     let mut client_failed = false;
     let mut client_reading = true;
     let mut budget = MAX_DATA;
+    // Since the last data each way: the server's empty records and key updates, and the client's key updates. The
+    // client answers the server's requests for a key update once it has read them, before its next record.
+    let mut empty_down = 0;
+    let mut key_updates_down = 0;
+    let mut key_updates_up = 0;
+    let mut request_unread = false;
+    let mut answer_owed = false;
+    let mut client_flooded = false;
     while let Some(step) = input.byte() {
         match step % 9 {
             0 | 7 if !server_closed => {
@@ -130,6 +145,9 @@ async fn script(input: &[u8]) {
                 };
                 if ok && server.flush().await.is_ok() && !broke_rules {
                     down_sent.extend_from_slice(&data);
+                }
+                if n > 0 {
+                    (empty_down, key_updates_down) = (0, 0);
                 }
             }
             1 if !server_closed => {
@@ -151,23 +169,44 @@ async fn script(input: &[u8]) {
                         down_sent.extend_from_slice(&content);
                     }
                     broke_rules |= !clean;
+                    if n > 0 {
+                        (empty_down, key_updates_down) = (0, 0);
+                    } else {
+                        empty_down += 1;
+                        broke_rules |= empty_down > MAX_EMPTY_IN_A_ROW;
+                    }
                 }
             }
             3 if !server_closed => {
-                server.refresh_traffic_keys(input.byte().unwrap_or(0) & 1 == 1);
+                let request = input.byte().unwrap_or(0) & 1 == 1;
+                server.refresh_traffic_keys(request);
                 let _ = server.flush().await;
+                empty_down = 0;
+                // The server answers a request of the client's at its end: one more it may send.
+                key_updates_down += 1;
+                broke_rules |= key_updates_down + 1 > MAX_KEY_UPDATES_IN_A_ROW;
+                request_unread |= request;
             }
             4 if !client_failed => {
                 let n = input.u16().min(budget);
                 budget -= n;
                 let data = pattern(n, step ^ 0x5a);
+                // An answer owed goes first (the flush sends it even without data).
+                key_updates_up += usize::from(std::mem::take(&mut answer_owed));
+                client_flooded |= key_updates_up > MAX_KEY_UPDATES_IN_A_ROW;
                 if client.write_all(&data).await.is_ok() && client.flush().await.is_ok() {
                     up_sent.extend_from_slice(&data);
+                    if n > 0 {
+                        key_updates_up = 0;
+                    }
                 }
             }
             5 if !client_failed => {
+                // One KeyUpdate, the answer owed (if any) included.
                 client.refresh_traffic_keys(input.byte().unwrap_or(0) & 1 == 1);
                 let _ = client.flush().await;
+                answer_owed = false;
+                key_updates_up += 1;
             }
             6 if !server_closed => {
                 let _ = server.shutdown().await;
@@ -175,9 +214,12 @@ async fn script(input: &[u8]) {
             }
             8 if client_reading => {
                 client_reading = drain(&mut client, &mut down_got, &mut client_failed).await;
+                answer_owed |= std::mem::take(&mut request_unread);
             }
             _ => {}
         }
+        // The client's key updates so far, and one it may send at its end: more than the server takes is a flood.
+        client_flooded |= key_updates_up + usize::from(answer_owed || request_unread) > MAX_KEY_UPDATES_IN_A_ROW;
     }
 
     // The client ends its side (and its transport, whatever state its TLS is in); the server reads everything the
@@ -192,7 +234,7 @@ async fn script(input: &[u8]) {
         up_got.len(),
         up_sent.len()
     );
-    if !client_failed {
+    if !client_failed && !client_flooded {
         assert!(up_end.is_ok(), "the client ended cleanly, the server read {up_end:?}");
         assert_eq!(up_got.len(), up_sent.len(), "the server lost client data");
     }
@@ -218,8 +260,9 @@ async fn script(input: &[u8]) {
         "the client received data that differs from what the server sent"
     );
     if !broke_rules {
+        // A client that flooded the server with key updates hears the server's alert after the data.
         assert!(
-            !client_failed && end.is_ok(),
+            client_flooded || !client_failed && end.is_ok(),
             "the server followed the rules, the client failed: {end:?}"
         );
         assert_eq!(down_got.len(), down_sent.len(), "the client lost server data");

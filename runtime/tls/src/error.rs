@@ -23,9 +23,15 @@ pub enum Error {
     /// A record longer than TLS 1.3 allows.
     #[error("TLS record too long (record_overflow)")]
     RecordOverflow,
-    /// A record or message that is not allowed where it came.
+    /// A record or message that is not allowed where it came (`unexpected_message`).
     #[error("unexpected TLS message: {0}")]
     UnexpectedMessage(&'static str),
+    /// A message that does not parse (`decode_error`).
+    #[error("malformed TLS message (decode_error): {0}")]
+    DecodeError(&'static str),
+    /// A message that parses but carries a value out of its range (`illegal_parameter`).
+    #[error("TLS message with an illegal parameter (illegal_parameter): {0}")]
+    IllegalParameter(&'static str),
     /// The peer sent a fatal alert.
     #[error("peer sent TLS alert {0}")]
     PeerAlert(u8),

@@ -46,13 +46,9 @@ impl Kernel {
         }
     }
 
-    /// A `NewSessionTicket` from the server. weft's clients do not resume sessions, but rustls decides what to
-    /// keep (its store is the configuration's). A client must not send one: that is a protocol error.
-    pub(crate) fn new_session_ticket(&mut self, payload: &[u8]) -> Result<(), crate::Error> {
-        match self {
-            Self::Client(k) => k.handle_new_session_ticket(payload).map_err(Into::into),
-            Self::Server(_) => Err(Error::UnexpectedMessage("a NewSessionTicket from a client")),
-        }
+    /// Whether this is the client's side (the side that may receive a `NewSessionTicket`).
+    pub(crate) fn is_client(&self) -> bool {
+        matches!(self, Self::Client(_))
     }
 }
 

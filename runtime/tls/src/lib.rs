@@ -13,14 +13,25 @@
 //! rustls stays in charge of everything that is not record protection: the handshake runs on its unbuffered API
 //! (`UnbufferedClientConnection`, `UnbufferedServerConnection`), and after it the session is turned into rustls's
 //! [`KernelConnection`](rustls::kernel::KernelConnection) (the interface rustls offers for kernel TLS), which
-//! derives the next keys for `KeyUpdate` and takes session tickets. What this crate implements is RFC 8446 §5 and
-//! the post-handshake messages: record framing and limits, nonces, inner content types and padding, alerts
-//! (`close_notify` ends the read side; any other is fatal and a protocol error sends one), `KeyUpdate` in both
-//! directions (answering a peer's request, and updating our own key before the suite's confidentiality limit), and
-//! `NewSessionTicket`. Only TLS 1.3 with AES-GCM is spoken (weft's provider offers nothing else).
+//! derives the next keys for `KeyUpdate`. What this crate implements is RFC 8446 §5 and the post-handshake
+//! messages: record framing and limits, nonces, inner content types and padding, alerts (`close_notify` ends the
+//! read side; a few warning `user_canceled` pass; any other is fatal, closes both sides, and a protocol error sends
+//! one), `KeyUpdate` in both directions (answering a peer's request, and updating our own key before the suite's
+//! confidentiality limit), and `NewSessionTicket` (checked and dropped: weft's clients never resume, so no key is
+//! derived for a ticket and nothing is kept). What a peer can send that delivers nothing is limited (empty records,
+//! warnings and key updates as rustls limits them, tickets to a few per connection), and a read gives its worker
+//! back after a few such records. Only TLS 1.3 with AES-GCM is spoken (weft's provider offers nothing else).
 //!
 //! The configuration must allow the secret extraction this needs (`enable_secret_extraction = true` on the rustls
 //! client or server config); rustls refuses the hand-over otherwise, and the error says so.
+//!
+//! What the fuzz target needs to play a peer that breaks the rules (sealing a record of any content type under the
+//! session's key, writing to the transport under the session) exists only with the crate feature `fuzzing`, which
+//! only `conformance/fuzz` enables: a build of weft has no such door.
+#![cfg_attr(
+    not(feature = "fuzzing"),
+    doc = "```compile_fail\nlet _ = weft_tls::fuzzing::MAX_RAW_CONTENT; // no such module without the feature\n```"
+)]
 
 mod error;
 mod handshake;
@@ -63,7 +74,8 @@ where
 }
 
 /// What the fuzz target (`conformance/fuzz`, `tls_records`) needs to play a peer that breaks the rules: not part of
-/// the API.
+/// the API, and there only with the feature `fuzzing`.
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing {
     use tokio::io::{AsyncRead, AsyncWrite};

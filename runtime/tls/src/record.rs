@@ -148,11 +148,14 @@ impl Keys {
 }
 
 /// The content type and content length of a `TLSInnerPlaintext`: the content, then the content type, then zero
-/// padding.
+/// padding. The whole of it, padding included, is at most 2^14 + 1 bytes (RFC 8446 §5.4): the length field lets a
+/// peer send up to 2^14 + 256 bytes of ciphertext, but only for expansion by the AEAD.
 fn inner_content(plain: &[u8]) -> Result<(u8, usize), Error> {
+    if plain.len() > MAX_PLAINTEXT + 1 {
+        return Err(Error::RecordOverflow);
+    }
     match plain.iter().rposition(|&b| b != 0) {
-        Some(at) if at <= MAX_PLAINTEXT => Ok((plain[at], at)),
-        Some(_) => Err(Error::RecordOverflow),
+        Some(at) => Ok((plain[at], at)),
         None => Err(Error::UnexpectedMessage("a record with no content type")),
     }
 }
@@ -287,6 +290,49 @@ mod tests {
             parse_header([23, 3, 3, 0, 16]),
             Err(Error::BadRecordMac)
         ));
+    }
+
+    /// Seal `inner` as a whole `TLSInnerPlaintext` (content, type, padding) and open it both ways.
+    fn open_inner(inner: &[u8]) -> [Result<(u8, usize), Error>; 2] {
+        // `seal` appends the content type: the last byte of `inner`, whatever it is, is sealed as that.
+        let (&last, rest) = inner.split_last().unwrap();
+        let mut rec = vec![0u8; record_len(rest.len())];
+        keys(0).seal(last, rest, &mut rec).unwrap();
+        let h: [u8; HEADER_LEN] = rec[..HEADER_LEN].try_into().unwrap();
+        let mut out = vec![0u8; rec.len() - HEADER_LEN - TAG_LEN];
+        let into = keys(0).open_into(h, &rec[HEADER_LEN..], &mut out);
+        [keys(0).open(h, &mut rec[HEADER_LEN..]), into]
+    }
+
+    #[test]
+    fn an_inner_plaintext_longer_than_2_14_plus_1_octets_is_a_record_overflow() {
+        let inner = |content: usize, padding: usize| {
+            let mut v = vec![0x5a; content];
+            v.push(APPLICATION_DATA);
+            v.resize(content + 1 + padding, 0);
+            v
+        };
+        // 2^14 + 1 octets is the most: full content and no padding, or less content and padding.
+        for (content, padding) in [
+            (MAX_PLAINTEXT, 0),
+            (100, MAX_PLAINTEXT - 100),
+            (0, MAX_PLAINTEXT),
+        ] {
+            for r in open_inner(&inner(content, padding)) {
+                assert_eq!(r.unwrap(), (APPLICATION_DATA, content));
+            }
+        }
+        // One octet more is a record_overflow (RFC 8446 §5.4), however little of it is content, up to what the
+        // length field allows.
+        for (content, padding) in [
+            (MAX_PLAINTEXT, 1),
+            (100, MAX_PLAINTEXT - 99),
+            (0, MAX_CIPHERTEXT - TAG_LEN - 1),
+        ] {
+            for r in open_inner(&inner(content, padding)) {
+                assert!(matches!(r, Err(Error::RecordOverflow)), "{r:?}");
+            }
+        }
     }
 
     #[test]

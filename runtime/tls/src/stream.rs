@@ -1,12 +1,13 @@
 //! The protected byte stream after the handshake: TLS 1.3 records read, opened and handed out, and written
 //! straight from the caller's buffers, over any async transport.
 //!
-//! Reading: the transport is read into one buffer ([`READ_AHEAD`] at a time while reads bring at least
-//! [`FIRST_READ`]), and each record is opened from there straight into the caller's buffer when that has room for
-//! it (else in place, its content then copied out). Writing: each record is sealed from the caller's buffer directly into a queue of reusable output chunks
-//! (no plaintext copy; only short pieces, such as an HTTP/2 frame's head, are gathered with what follows them), and
-//! the queue goes out in vectored writes of up to [`SEND_BUFFER`] bytes. Both buffers are given back once a
-//! connection stops moving bulk data, so an idle connection holds none.
+//! Reading: the transport is read into one buffer ([`READ_AHEAD`] at a time while reads bring at least [`FIRST_READ`]),
+//! and each record is opened from there straight into the caller's buffer when that has room for it (else in place, its
+//! content then copied out); after a few records that deliver nothing (`IDLE_RECORDS_PER_READ`) a read returns or
+//! yields, so no peer keeps it busy. Writing: each record is sealed from the caller's buffer directly into a queue of
+//! reusable output chunks (no plaintext copy; only short pieces, such as an HTTP/2 frame's head, are gathered with what
+//! follows them), and the queue goes out in vectored writes of up to [`SEND_BUFFER`] bytes. Both buffers are given back
+//! once a connection stops moving bulk data, so an idle connection holds none.
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
@@ -18,10 +19,13 @@ use rustls::SupportedCipherSuite;
 use rustls::pki_types::CertificateDer;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+mod post_handshake;
 mod read;
 #[cfg(test)]
 mod tests;
 mod write;
+
+use read::Opened;
 
 use crate::Error;
 use crate::handshake::{Established, Kernel};
@@ -63,6 +67,18 @@ const SMALL_WRITE: usize = 4096;
 const MAX_HANDSHAKE_BYTES: usize = 64 * 1024;
 /// Key updates accepted in a row without application data in between (rustls and BoringSSL allow 32).
 const MAX_KEY_UPDATES_IN_A_ROW: u32 = 32;
+/// Empty records accepted in a row (rustls's `ALLOWED_CONSECUTIVE_EMPTY_FRAGMENTS_MAX`): one more is an error.
+const MAX_EMPTY_RECORDS_IN_A_ROW: u32 = 32;
+/// Warning alerts accepted per connection (rustls's and BoringSSL's limit); in TLS 1.3 only `user_canceled` may be
+/// one.
+const MAX_WARNING_ALERTS: u32 = 4;
+/// `NewSessionTicket`s a client accepts per connection. weft's clients never resume, so tickets are checked and
+/// dropped; servers send one or two (rustls, OpenSSL: 2 by default), so more than this is a flood.
+const MAX_SESSION_TICKETS: u32 = 16;
+/// Records that deliver nothing (empty, alerts, post-handshake messages) one read opens before it gives way: it
+/// returns what it has, or wakes itself and returns `Pending`, so a peer streaming such records cannot keep a
+/// worker inside one read.
+const IDLE_RECORDS_PER_READ: u32 = 16;
 /// TLS alert descriptions used here (RFC 8446 §6).
 const CLOSE_NOTIFY: u8 = 0;
 const USER_CANCELED: u8 = 90;
@@ -120,6 +136,12 @@ pub struct TlsStream<IO> {
     read_closed: bool,
     read_error: Option<Sticky>,
     key_updates_in_a_row: u32,
+    /// Empty records received since the last record with content.
+    empty_in_a_row: u32,
+    /// Warning alerts received on this connection.
+    warning_alerts: u32,
+    /// `NewSessionTicket`s received on this connection.
+    session_tickets: u32,
 
     out: VecDeque<Chunk>,
     spare: Vec<Vec<u8>>,
@@ -185,6 +207,9 @@ impl<IO> TlsStream<IO> {
             read_closed: false,
             read_error: None,
             key_updates_in_a_row: 0,
+            empty_in_a_row: 0,
+            warning_alerts: 0,
+            session_tickets: 0,
             out: VecDeque::new(),
             spare: Vec::new(),
             queued: 0,
@@ -217,6 +242,7 @@ impl<IO> TlsStream<IO> {
         &self.io
     }
 
+    #[cfg(feature = "fuzzing")]
     pub(crate) fn transport_mut(&mut self) -> &mut IO {
         &mut self.io
     }
@@ -252,6 +278,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let before = out.filled().len();
+        let mut idle = 0;
         loop {
             if out.remaining() == 0 {
                 return Poll::Ready(Ok(()));
@@ -267,8 +294,20 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
                 return Poll::Ready(Ok(()));
             }
             match this.next_record(out) {
-                Ok(true) => continue,
-                Ok(false) => {}
+                Ok(Opened::Data) => continue,
+                Ok(Opened::Nothing) => {
+                    idle += 1;
+                    if idle < IDLE_RECORDS_PER_READ || this.read_closed {
+                        continue;
+                    }
+                    // Enough work for one call: give the worker back, and come again at once.
+                    if delivered {
+                        return Poll::Ready(Ok(()));
+                    }
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                Ok(Opened::Incomplete) => {}
                 Err(e) => {
                     this.fail_read(e, cx);
                     continue;

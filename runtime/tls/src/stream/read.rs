@@ -10,11 +10,22 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_util::io::poll_read_buf;
 
 use super::{
-    CLOSE_NOTIFY, FIRST_READ, MAX_HANDSHAKE_BYTES, MAX_KEY_UPDATES_IN_A_ROW, Plain, READ_AHEAD,
-    Sticky, TlsStream, USER_CANCELED,
+    CLOSE_NOTIFY, FIRST_READ, MAX_EMPTY_RECORDS_IN_A_ROW, MAX_HANDSHAKE_BYTES, MAX_WARNING_ALERTS,
+    Plain, READ_AHEAD, Sticky, TlsStream, USER_CANCELED,
 };
 use crate::Error;
-use crate::record::{ALERT, APPLICATION_DATA, HANDSHAKE, HEADER_LEN, Keys, TAG_LEN, parse_header};
+use crate::record::{ALERT, APPLICATION_DATA, HANDSHAKE, HEADER_LEN, TAG_LEN, parse_header};
+
+/// What [`TlsStream::next_record`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Opened {
+    /// The next record is not all in the buffer yet.
+    Incomplete,
+    /// A record of application data, delivered into the caller's buffer or waiting to be handed out.
+    Data,
+    /// A record that delivers nothing: empty, an alert, post-handshake messages.
+    Nothing,
+}
 
 impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
     /// Copy what is decrypted and waiting into `out`; false if nothing was waiting.
@@ -50,18 +61,18 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
         }
     }
 
-    /// Open the next record if it is all in the buffer; false if more bytes are needed. Where `out` has room for
-    /// the record's inner plaintext, the record is opened straight into it (application data is then delivered
-    /// without a copy); otherwise in place, its content handed out from the buffer.
-    pub(super) fn next_record(&mut self, out: &mut ReadBuf<'_>) -> Result<bool, Error> {
+    /// Open the next record if it is all in the buffer. Where `out` has room for the record's inner plaintext, the
+    /// record is opened straight into it (application data is then delivered without a copy); otherwise in place,
+    /// its content handed out from the buffer.
+    pub(super) fn next_record(&mut self, out: &mut ReadBuf<'_>) -> Result<Opened, Error> {
         let Some(h) = self.rbuf.get(..HEADER_LEN) else {
-            return Ok(false);
+            return Ok(Opened::Incomplete);
         };
         let mut header = [0u8; HEADER_LEN];
         header.copy_from_slice(h);
         let end = HEADER_LEN + parse_header(header)?;
         if self.rbuf.len() < end {
-            return Ok(false);
+            return Ok(Opened::Incomplete);
         }
         let room = end - HEADER_LEN - TAG_LEN;
         let direct = out.remaining() >= room;
@@ -78,6 +89,15 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
                 "a record inside a fragmented handshake message",
             ));
         }
+        // Records that carry nothing cost a peer 22 bytes each: as rustls does, a run of them is cut short.
+        if n == 0 {
+            self.empty_in_a_row += 1;
+            if self.empty_in_a_row > MAX_EMPTY_RECORDS_IN_A_ROW {
+                return Err(Error::UnexpectedMessage("too many empty records in a row"));
+            }
+        } else {
+            self.empty_in_a_row = 0;
+        }
         let at = out.filled().len();
         let content = if direct {
             &out.initialized()[at..at + n]
@@ -85,12 +105,15 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
             &self.rbuf[HEADER_LEN..HEADER_LEN + n]
         };
         match content_type {
+            APPLICATION_DATA if n == 0 => {
+                // Not data: it leaves the count of KeyUpdates without data as it is.
+                self.consume(end);
+                return Ok(Opened::Nothing);
+            }
             APPLICATION_DATA => {
                 self.key_updates_in_a_row = 0;
                 if direct {
                     out.advance(n);
-                    self.consume(end);
-                } else if n == 0 {
                     self.consume(end);
                 } else {
                     self.plain = Some(Plain {
@@ -99,6 +122,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
                         record_end: end,
                     });
                 }
+                return Ok(Opened::Data);
             }
             HANDSHAKE => {
                 if n == 0 {
@@ -114,13 +138,22 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
                 self.handle_handshake()?;
             }
             ALERT => {
-                let alert = (n == 2).then(|| content[1]);
+                let &[level, description] = content else {
+                    return Err(Error::DecodeError("a malformed alert"));
+                };
                 self.consume(end);
-                match alert {
-                    None => return Err(Error::UnexpectedMessage("a malformed alert")),
-                    Some(CLOSE_NOTIFY) => self.read_closed = true,
-                    Some(USER_CANCELED) => {}
-                    Some(d) => return Err(Error::PeerAlert(d)),
+                // RFC 8446 §6: every alert but close_notify and a warning user_canceled is an error, whatever
+                // its level says; rustls refuses unknown levels first, and allows a few warnings per connection.
+                match (level, description) {
+                    (1 | 2, CLOSE_NOTIFY) => self.read_closed = true,
+                    (1, USER_CANCELED) => {
+                        self.warning_alerts += 1;
+                        if self.warning_alerts > MAX_WARNING_ALERTS {
+                            return Err(Error::UnexpectedMessage("too many warning alerts"));
+                        }
+                    }
+                    (1 | 2, d) => return Err(Error::PeerAlert(d)),
+                    _ => return Err(Error::IllegalParameter("an alert of an unknown level")),
                 }
             }
             _ => {
@@ -129,60 +162,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
                 ));
             }
         }
-        Ok(true)
-    }
-
-    /// Act on the complete post-handshake messages buffered: session tickets and key updates.
-    pub(super) fn handle_handshake(&mut self) -> Result<(), Error> {
-        while let [typ, a, b, c, ..] = self.hs[..] {
-            let len = usize::from(a) << 16 | usize::from(b) << 8 | usize::from(c);
-            let Some(body) = self.hs.get(4..4 + len) else {
-                if 4 + len > MAX_HANDSHAKE_BYTES {
-                    return Err(Error::UnexpectedMessage(
-                        "a post-handshake message too large",
-                    ));
-                }
-                return Ok(());
-            };
-            match typ {
-                // new_session_ticket
-                4 => self.kernel.new_session_ticket(body)?,
-                // key_update
-                24 => {
-                    let request = match body {
-                        [0] => false,
-                        [1] => true,
-                        _ => return Err(Error::UnexpectedMessage("a malformed KeyUpdate")),
-                    };
-                    if self.hs.len() != 5 {
-                        // RFC 8446 §5.1: handshake messages must not span a key change.
-                        return Err(Error::UnexpectedMessage(
-                            "a KeyUpdate not at the end of its record",
-                        ));
-                    }
-                    self.key_updates_in_a_row += 1;
-                    if self.key_updates_in_a_row > MAX_KEY_UPDATES_IN_A_ROW {
-                        return Err(Error::UnexpectedMessage("too many KeyUpdates without data"));
-                    }
-                    let (seq, secrets) = self.kernel.update_rx()?;
-                    self.rx = Keys::new(seq, secrets)?;
-                    if request {
-                        // Answered before our next record (RFC 8446 §4.6.3).
-                        self.key_update.get_or_insert(false);
-                    }
-                }
-                _ => {
-                    return Err(Error::UnexpectedMessage(
-                        "a handshake message after the handshake",
-                    ));
-                }
-            }
-            self.hs.drain(..4 + len);
-        }
-        if self.hs.is_empty() {
-            self.hs = Vec::new();
-        }
-        Ok(())
+        Ok(Opened::Nothing)
     }
 
     /// Read more ciphertext; 0 at the transport's end.
@@ -211,9 +191,16 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
             Error::BadRecordMac => Some(20),
             Error::RecordOverflow => Some(22),
             Error::UnexpectedMessage(_) => Some(10),
+            Error::DecodeError(_) => Some(50),
+            Error::IllegalParameter(_) => Some(47),
             Error::Tls(_) | Error::Crypto | Error::UnsupportedSuite => Some(80),
             Error::Io(_) | Error::HandshakeEof | Error::PeerAlert(_) => None,
         };
+        if let Error::PeerAlert(_) = e {
+            // RFC 8446 §6.2: after a fatal alert the connection is closed at once: nothing more is sent, not even
+            // what was queued.
+            self.close_write();
+        }
         let e = io::Error::from(e);
         self.read_error = Some(Sticky::of(&e));
         if let Some(desc) = alert

@@ -181,6 +181,15 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
         }
     }
 
+    /// Close the write side at once (after the peer's fatal alert): what is queued is dropped, and nothing more is
+    /// sealed.
+    pub(super) fn close_write(&mut self) {
+        self.write_closed = true;
+        self.key_update = None;
+        self.out.clear();
+        self.queued = 0;
+    }
+
     pub(super) fn check_write(&self) -> io::Result<()> {
         match &self.write_error {
             Some(e) => Err(e.io()),
