@@ -104,7 +104,7 @@ struct Push {
 }
 
 enum Body {
-    Address(pb::Address),
+    Address(Box<pb::Address>),
     Authorization(sec::Authorization),
 }
 
@@ -113,7 +113,7 @@ fn addr_push(what: &'static str, w: pb::Workload, weft_acks: bool) -> Push {
         what,
         type_url: ADDRESS,
         name: w.uid.clone(),
-        body: Body::Address(address(w)),
+        body: Body::Address(Box::new(address(w))),
         weft_acks,
     }
 }
@@ -285,7 +285,7 @@ async fn streams(server: &mut Server) -> BTreeMap<String, (Conn, Option<String>)
 /// message otherwise.
 async fn push_one(c: &mut Conn, p: &Push, nonce: &str) -> Result<(), String> {
     let r = match &p.body {
-        Body::Address(a) => resource(p.type_url, &p.name, nonce, a),
+        Body::Address(a) => resource(p.type_url, &p.name, nonce, a.as_ref()),
         Body::Authorization(a) => resource(p.type_url, &p.name, nonce, a),
     };
     c.send(response(p.type_url, nonce, vec![r], &[]));
