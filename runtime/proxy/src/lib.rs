@@ -120,8 +120,8 @@ impl Inner {
         }
     }
 
-    /// The port of the capture listener `what` when TPROXY may hand it connections (it is transparent), for
-    /// [`socket::captured_destination`].
+    /// The port of the capture listener bound at `addr` when TPROXY may hand it connections (the listeners are
+    /// transparent), for [`socket::captured_destination`].
     pub(crate) fn tproxy_port(&self, addr: Option<SocketAddr>) -> Option<u16> {
         addr.filter(|_| self.transparent.load(Ordering::Relaxed))
             .map(|a| a.port())
@@ -236,10 +236,9 @@ impl Proxy {
                     .tcp_socket(socket2::Domain::for_address(addr))
                     .await
                     .map_err(|source| ProxyError::Bind { what, addr, source })?;
+                let made = make_transparent(&sock, what, addr, c.original_source)?;
                 if matches!(what, "inbound_plaintext" | "inbound_hbone") {
-                    transparent &= make_transparent(&sock, what, addr, c.original_source)?;
-                } else {
-                    make_transparent(&sock, what, addr, c.original_source)?;
+                    transparent &= made;
                 }
                 let lis = socket::listen_socket(sock, addr, c.reuse_port, c.mark)
                     .map_err(|source| ProxyError::Bind { what, addr, source })?;
