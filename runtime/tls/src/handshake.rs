@@ -61,9 +61,6 @@ pub(crate) struct Established {
     pub(crate) alpn: Option<Vec<u8>>,
     /// Bytes read from the transport after the handshake's last record: the start of the protected stream.
     pub(crate) leftover: Vec<u8>,
-    /// Application data rustls already decrypted while finishing the handshake (a client's first flight can
-    /// arrive with its `Finished`).
-    pub(crate) early_plaintext: Vec<u8>,
 }
 
 /// One side of the handshake: rustls's client and server connections behind one interface.
@@ -118,9 +115,17 @@ where
     let mut filled = 0;
     let mut outgoing = vec![0u8; 4096];
     let mut queued = 0;
-    let mut early_plaintext = Vec::new();
     loop {
-        let UnbufferedStatus { mut discard, state } = conn.process(&mut incoming[..filled]);
+        // rustls sees one record at a time, and none once the handshake is over: what follows the peer's last
+        // handshake record (its first application data, a KeyUpdate, a ticket, a close_notify) is left to the
+        // record layer, so no state of rustls's (a key it switched, a reply it queued, a message it half read) is
+        // lost at the hand-over.
+        let given = if conn.is_handshaking() {
+            complete_record(&incoming[..filled]).unwrap_or(filled)
+        } else {
+            0
+        };
+        let UnbufferedStatus { discard, state } = conn.process(&mut incoming[..given]);
         let next = match state {
             Err(e) => {
                 incoming.copy_within(discard..filled, 0);
@@ -148,24 +153,23 @@ where
             }
             Ok(ConnectionState::BlockedHandshake) => Next::Read,
             Ok(ConnectionState::WriteTraffic(_)) => Next::MaybeDone,
-            Ok(ConnectionState::ReadTraffic(mut r)) => {
-                while let Some(rec) = r.next_record() {
-                    let rec = rec?;
-                    discard += rec.discard;
-                    early_plaintext.extend_from_slice(rec.payload);
-                }
-                Next::Continue
-            }
+            // Neither can come while rustls only sees handshake records (the peer's data and close_notify after
+            // its last handshake record go to the record layer), and weft offers no early data.
             Ok(ConnectionState::PeerClosed | ConnectionState::Closed) => {
                 return Err(Error::HandshakeEof);
             }
-            Ok(_) => return Err(Error::UnexpectedMessage("early data during the handshake")),
+            Ok(_) => {
+                return Err(Error::UnexpectedMessage(
+                    "application data during the handshake",
+                ));
+            }
         };
         incoming.copy_within(discard..filled, 0);
         filled -= discard;
         let read = match next {
             Next::Continue => false,
-            Next::Read => true,
+            // rustls waits for more: from the transport unless a whole record is already here.
+            Next::Read => complete_record(&incoming[..filled]).is_none(),
             Next::MaybeDone => conn.is_handshaking(),
         };
         if !read {
@@ -206,8 +210,14 @@ where
         peer_certificates,
         alpn,
         leftover: incoming,
-        early_plaintext,
     })
+}
+
+/// The length of the first record in `buf` if all of it is there.
+fn complete_record(buf: &[u8]) -> Option<usize> {
+    let h = buf.get(..HEADER_LEN)?;
+    let end = HEADER_LEN + usize::from(u16::from_be_bytes([h[3], h[4]]));
+    (buf.len() >= end).then_some(end)
 }
 
 /// After rustls refused the handshake, send the alert it queued (if any), so the peer learns why. Best effort: the

@@ -126,8 +126,6 @@ pub struct TlsStream<IO> {
     /// Ciphertext read and not yet consumed, from the start of a record.
     rbuf: BytesMut,
     plain: Option<Plain>,
-    /// Application data rustls decrypted during the handshake.
-    early: BytesMut,
     /// Post-handshake handshake messages not yet complete.
     hs: Vec<u8>,
     /// The last read filled all it was offered or brought at least [`FIRST_READ`] bytes: the connection is
@@ -181,7 +179,6 @@ impl<IO> TlsStream<IO> {
             peer_certificates,
             alpn,
             leftover,
-            early_plaintext,
         } = hs;
         let limit = match suite {
             SupportedCipherSuite::Tls13(s) => s.common.confidentiality_limit,
@@ -201,7 +198,6 @@ impl<IO> TlsStream<IO> {
             tx_limit: seq_limit(limit),
             rbuf: BytesMut::from(&leftover[..]),
             plain: None,
-            early: BytesMut::from(&early_plaintext[..]),
             hs: Vec::new(),
             read_ahead: false,
             read_closed: false,
@@ -262,7 +258,6 @@ impl<IO> TlsStream<IO> {
     /// a connection that is not moving data holds none.
     pub fn buffer_capacity(&self) -> usize {
         self.rbuf.capacity()
-            + self.early.capacity()
             + self.hs.capacity()
             + self.gather.capacity()
             + self.out.iter().map(|c| c.buf.len()).sum::<usize>()

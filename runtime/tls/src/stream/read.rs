@@ -30,15 +30,6 @@ pub(super) enum Opened {
 impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
     /// Copy what is decrypted and waiting into `out`; false if nothing was waiting.
     pub(super) fn hand_out(&mut self, out: &mut ReadBuf<'_>) -> bool {
-        if !self.early.is_empty() {
-            let n = out.remaining().min(self.early.len());
-            out.put_slice(&self.early[..n]);
-            self.early.advance(n);
-            if self.early.is_empty() {
-                self.early = BytesMut::new();
-            }
-            return true;
-        }
         let Some(p) = self.plain.as_mut() else {
             return false;
         };
