@@ -35,6 +35,10 @@ pub enum Error {
     /// The peer sent a fatal alert.
     #[error("peer sent TLS alert {0}")]
     PeerAlert(u8),
+    /// A key reached the end of its sequence numbers without being replaced: sealing or opening more under it
+    /// would reuse a nonce.
+    #[error("TLS traffic key used up (sequence number limit)")]
+    KeyExhausted,
     /// The AEAD refused to seal (never expected with valid lengths).
     #[error("TLS record encryption failed")]
     Crypto,

@@ -13,14 +13,17 @@
 //! rustls stays in charge of everything that is not record protection: the handshake runs on its unbuffered API
 //! (`UnbufferedClientConnection`, `UnbufferedServerConnection`), and after it the session is turned into rustls's
 //! [`KernelConnection`](rustls::kernel::KernelConnection) (the interface rustls offers for kernel TLS), which
-//! derives the next keys for `KeyUpdate`. What this crate implements is RFC 8446 §5 and the post-handshake
-//! messages: record framing and limits, nonces, inner content types and padding, alerts (`close_notify` ends the
+//! derives the next keys for `KeyUpdate`. rustls sees the handshake's records one at a time and none after the
+//! last, so nothing of the session is left half done in rustls at the hand-over. What this crate implements is
+//! RFC 8446 §5 and the post-handshake messages: record framing and limits, nonces, inner content types and padding, alerts (`close_notify` ends the
 //! read side; a few warning `user_canceled` pass; any other is fatal, closes both sides, and a protocol error sends
 //! one), `KeyUpdate` in both directions (answering a peer's request, and updating our own key before the suite's
 //! confidentiality limit), and `NewSessionTicket` (checked and dropped: weft's clients never resume, so no key is
 //! derived for a ticket and nothing is kept). What a peer can send that delivers nothing is limited (empty records,
 //! warnings and key updates as rustls limits them, tickets to a few per connection), and a read gives its worker
-//! back after a few such records. Only TLS 1.3 with AES-GCM is spoken (weft's provider offers nothing else).
+//! back after a few such records. Records are sealed with aws-lc's TLS 1.3 record key, as rustls seals them: the
+//! AEAD itself refuses a nonce that does not follow the last, and every key (ours and the peer's) stops before its
+//! sequence numbers could wrap. Only TLS 1.3 with AES-GCM is spoken (weft's provider offers nothing else).
 //!
 //! The configuration must allow the secret extraction this needs (`enable_secret_extraction = true` on the rustls
 //! client or server config); rustls refuses the hand-over otherwise, and the error says so.

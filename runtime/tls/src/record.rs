@@ -1,7 +1,10 @@
 //! TLS 1.3 record protection (RFC 8446 §5): one direction's key, IV and sequence number, sealing plaintext
 //! straight from the caller's buffer into the outgoing one and opening records where they were read.
 
-use aws_lc_rs::aead::{AES_128_GCM, AES_256_GCM, Aad, Algorithm, LessSafeKey, Nonce, UnboundKey};
+use aws_lc_rs::aead::{
+    AES_128_GCM, AES_256_GCM, Aad, Algorithm, LessSafeKey, Nonce, TlsProtocolId,
+    TlsRecordSealingKey, UnboundKey,
+};
 use rustls::ConnectionTrafficSecrets;
 
 use crate::Error;
@@ -24,62 +27,97 @@ pub(crate) const ALERT: u8 = 21;
 pub(crate) const HANDSHAKE: u8 = 22;
 pub(crate) const APPLICATION_DATA: u8 = 23;
 
-/// The sequence number at which a direction's key must be replaced: the suite's confidentiality limit (2^24
-/// records for AES-GCM in rustls) or rustls's own soft limit, whichever comes first.
+/// rustls's soft limit on a key's sequence numbers: a key is replaced before it (the suite's confidentiality limit
+/// comes far sooner for AES-GCM), and a peer's key used this far ends the session.
+pub(crate) const SEQ_SOFT_LIMIT: u64 = 0xffff_ffff_ffff_0000;
+/// No record is ever sealed or opened at or past this sequence number: the nonce would repeat after it.
+pub(crate) const SEQ_HARD_LIMIT: u64 = 0xffff_ffff_ffff_fffe;
+
+/// The sequence number at which our sending key must be replaced: the suite's confidentiality limit (2^24 records
+/// for AES-GCM in rustls) or rustls's soft limit, whichever comes first.
 pub(crate) fn seq_limit(confidentiality_limit: u64) -> u64 {
-    confidentiality_limit.min(0xffff_ffff_ffff_0000)
+    confidentiality_limit.min(SEQ_SOFT_LIMIT)
 }
 
-/// One direction's traffic protection.
-pub(crate) struct Keys {
-    key: LessSafeKey,
+/// The algorithm and key bytes of a traffic secret, and its IV.
+fn key_material(
+    secrets: &ConnectionTrafficSecrets,
+) -> Result<(&'static Algorithm, &[u8], [u8; 12]), Error> {
+    let (alg, key, iv): (&'static Algorithm, _, _) = match secrets {
+        ConnectionTrafficSecrets::Aes128Gcm { key, iv } => (&AES_128_GCM, key, iv),
+        ConnectionTrafficSecrets::Aes256Gcm { key, iv } => (&AES_256_GCM, key, iv),
+        _ => return Err(Error::UnsupportedSuite),
+    };
+    let iv: [u8; 12] = iv
+        .as_ref()
+        .try_into()
+        .map_err(|_| Error::UnsupportedSuite)?;
+    Ok((alg, key.as_ref(), iv))
+}
+
+/// The per-record nonce: the IV with the sequence number XORed into its last 8 bytes (RFC 8446 §5.3).
+fn nonce(iv: &[u8; 12], seq: u64) -> Nonce {
+    let mut n = *iv;
+    for (b, s) in n[4..].iter_mut().zip(seq.to_be_bytes()) {
+        *b ^= s;
+    }
+    Nonce::assume_unique_for_key(n)
+}
+
+/// The AEAD key of what we send.
+enum SealingKey {
+    /// aws-lc's TLS 1.3 record key (what rustls seals with): it refuses a nonce that does not follow the last one,
+    /// so a sequence number can never be used twice under this key, whatever a bug above it does.
+    Tls13(TlsRecordSealingKey),
+    /// A key rustls already sealed records with before the hand-over (a server's session tickets): aws-lc's TLS
+    /// 1.3 key must start at sequence 0, so this one is a plain AEAD key, and the only guard is ours (the
+    /// sequence number only moves forward, and stops before it wraps). weft's servers send no tickets, so weft's
+    /// own sessions never have one; a KeyUpdate replaces it with a [`SealingKey::Tls13`].
+    Resumed(LessSafeKey),
+}
+
+/// What we send: the key, its IV and the sequence number of the next record.
+pub(crate) struct SealKeys {
+    key: SealingKey,
     iv: [u8; 12],
     /// Sequence number of the next record.
     pub(crate) seq: u64,
 }
 
-impl std::fmt::Debug for Keys {
+impl std::fmt::Debug for SealKeys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Keys")
-            .field("algorithm", self.key.algorithm())
+        let alg = match &self.key {
+            SealingKey::Tls13(k) => k.algorithm(),
+            SealingKey::Resumed(k) => k.algorithm(),
+        };
+        f.debug_struct("SealKeys")
+            .field("algorithm", alg)
             .field("seq", &self.seq)
             .finish_non_exhaustive()
     }
 }
 
-impl Keys {
+impl SealKeys {
     /// Keys for the secrets rustls derived, starting at record `seq`.
     pub(crate) fn new(seq: u64, secrets: ConnectionTrafficSecrets) -> Result<Self, Error> {
-        let (alg, key, iv): (&'static Algorithm, _, _) = match &secrets {
-            ConnectionTrafficSecrets::Aes128Gcm { key, iv } => (&AES_128_GCM, key, iv),
-            ConnectionTrafficSecrets::Aes256Gcm { key, iv } => (&AES_256_GCM, key, iv),
-            _ => return Err(Error::UnsupportedSuite),
+        let (alg, key, iv) = key_material(&secrets)?;
+        let key = if seq == 0 {
+            SealingKey::Tls13(
+                TlsRecordSealingKey::new(alg, TlsProtocolId::TLS13, key)
+                    .map_err(|_| Error::UnsupportedSuite)?,
+            )
+        } else {
+            SealingKey::Resumed(LessSafeKey::new(
+                UnboundKey::new(alg, key).map_err(|_| Error::UnsupportedSuite)?,
+            ))
         };
-        let key = UnboundKey::new(alg, key.as_ref()).map_err(|_| Error::UnsupportedSuite)?;
-        let iv: [u8; 12] = iv
-            .as_ref()
-            .try_into()
-            .map_err(|_| Error::UnsupportedSuite)?;
-        Ok(Self {
-            key: LessSafeKey::new(key),
-            iv,
-            seq,
-        })
-    }
-
-    /// The per-record nonce: the IV with the sequence number XORed into its last 8 bytes (RFC 8446 §5.3).
-    fn nonce(&self) -> Nonce {
-        let mut n = self.iv;
-        for (b, s) in n[4..].iter_mut().zip(self.seq.to_be_bytes()) {
-            *b ^= s;
-        }
-        Nonce::assume_unique_for_key(n)
+        Ok(Self { key, iv, seq })
     }
 
     /// Seal `data` as one record of `content_type` into `out`, which must be exactly
     /// [`record_len`]`(data.len())` bytes; `data` is read where it is, never copied. weft sends at most
     /// [`MAX_PLAINTEXT`] bytes per record; more, up to what the length field allows, is sealed as asked (the fuzz
-    /// target plays a peer that sends such records).
+    /// target plays a peer that sends such records). Refused at [`SEQ_HARD_LIMIT`]: the key is worn out.
     pub(crate) fn seal(
         &mut self,
         content_type: u8,
@@ -89,22 +127,66 @@ impl Keys {
         if out.len() != record_len(data.len()) || out.len() - HEADER_LEN > MAX_CIPHERTEXT {
             return Err(Error::Crypto);
         }
+        if self.seq >= SEQ_HARD_LIMIT {
+            return Err(Error::KeyExhausted);
+        }
         let header = header(out.len() - HEADER_LEN);
         let (head, body) = out.split_at_mut(HEADER_LEN);
         head.copy_from_slice(&header);
         let (ciphertext, trailer) = body.split_at_mut(data.len());
-        self.key
-            .seal_out_of_place_scatter(
-                self.nonce(),
-                Aad::from(header),
-                data,
-                ciphertext,
-                &[content_type],
-                trailer,
-            )
-            .map_err(|_| Error::Crypto)?;
+        let nonce = nonce(&self.iv, self.seq);
+        let aad = Aad::from(header);
+        let sealed = match &mut self.key {
+            SealingKey::Tls13(k) => {
+                k.seal_out_of_place_scatter(nonce, aad, data, ciphertext, &[content_type], trailer)
+            }
+            SealingKey::Resumed(k) => {
+                k.seal_out_of_place_scatter(nonce, aad, data, ciphertext, &[content_type], trailer)
+            }
+        };
+        sealed.map_err(|_| Error::Crypto)?;
         self.seq += 1;
         Ok(())
+    }
+}
+
+/// What the peer sends: the key, its IV and the sequence number of the next record. Opening needs no nonce guard
+/// (a repeated nonce harms only the sender), so this is aws-lc's plain AEAD key, as in rustls.
+pub(crate) struct OpenKeys {
+    key: LessSafeKey,
+    iv: [u8; 12],
+    /// Sequence number of the next record.
+    pub(crate) seq: u64,
+}
+
+impl std::fmt::Debug for OpenKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenKeys")
+            .field("algorithm", self.key.algorithm())
+            .field("seq", &self.seq)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OpenKeys {
+    /// Keys for the secrets rustls derived, starting at record `seq`.
+    pub(crate) fn new(seq: u64, secrets: ConnectionTrafficSecrets) -> Result<Self, Error> {
+        let (alg, key, iv) = key_material(&secrets)?;
+        let key = UnboundKey::new(alg, key).map_err(|_| Error::UnsupportedSuite)?;
+        Ok(Self {
+            key: LessSafeKey::new(key),
+            iv,
+            seq,
+        })
+    }
+
+    /// The nonce of the next record, refused once the peer used its key up to rustls's soft limit (a peer must
+    /// replace its key long before: at 2^24 records for AES-GCM).
+    fn next_nonce(&self) -> Result<Nonce, Error> {
+        if self.seq >= SEQ_SOFT_LIMIT {
+            return Err(Error::KeyExhausted);
+        }
+        Ok(nonce(&self.iv, self.seq))
     }
 
     /// Open the record whose header is `header` and whose body (`TLSCiphertext.encrypted_record`) is `body`, in
@@ -116,7 +198,7 @@ impl Keys {
     ) -> Result<(u8, usize), Error> {
         let plain = self
             .key
-            .open_in_place(self.nonce(), Aad::from(header), body)
+            .open_in_place(self.next_nonce()?, Aad::from(header), body)
             .map_err(|_| Error::BadRecordMac)?;
         self.seq += 1;
         inner_content(plain)
@@ -140,7 +222,7 @@ impl Keys {
         }
         let (ciphertext, tag) = body.split_at(at);
         self.key
-            .open_separate_gather(self.nonce(), Aad::from(header), ciphertext, tag, out)
+            .open_separate_gather(self.next_nonce()?, Aad::from(header), ciphertext, tag, out)
             .map_err(|_| Error::BadRecordMac)?;
         self.seq += 1;
         inner_content(out)
@@ -187,17 +269,24 @@ mod tests {
     use super::*;
     use rustls::crypto::cipher::{AeadKey, Iv};
 
-    fn keys(seq: u64) -> Keys {
-        let secrets = ConnectionTrafficSecrets::Aes256Gcm {
+    fn secrets() -> ConnectionTrafficSecrets {
+        ConnectionTrafficSecrets::Aes256Gcm {
             key: AeadKey::from([7u8; 32]),
             iv: Iv::from([9u8; 12]),
-        };
-        Keys::new(seq, secrets).unwrap()
+        }
+    }
+
+    fn sealer(seq: u64) -> SealKeys {
+        SealKeys::new(seq, secrets()).unwrap()
+    }
+
+    fn opener(seq: u64) -> OpenKeys {
+        OpenKeys::new(seq, secrets()).unwrap()
     }
 
     #[test]
     fn a_sealed_record_opens_with_its_content_type_and_advances_both_sequences() {
-        let (mut tx, mut rx) = (keys(5), keys(5));
+        let (mut tx, mut rx) = (sealer(5), opener(5));
         let data = b"hello over hbone";
         let mut rec = vec![0u8; record_len(data.len())];
         tx.seal(APPLICATION_DATA, data, &mut rec).unwrap();
@@ -215,36 +304,36 @@ mod tests {
 
     #[test]
     fn a_record_opened_into_another_buffer_gives_what_opening_in_place_gives() {
-        let mut tx = keys(3);
+        let mut tx = sealer(3);
         let data: Vec<u8> = (0..3000u32).map(|i| (i % 199) as u8).collect();
         let mut rec = vec![0u8; record_len(data.len())];
         tx.seal(APPLICATION_DATA, &data, &mut rec).unwrap();
         let h: [u8; HEADER_LEN] = rec[..HEADER_LEN].try_into().unwrap();
         let mut out = vec![0xAAu8; rec.len() - HEADER_LEN - TAG_LEN];
-        let mut rx = keys(3);
+        let mut rx = opener(3);
         let (ct, n) = rx.open_into(h, &rec[HEADER_LEN..], &mut out).unwrap();
         assert_eq!((ct, &out[..n]), (APPLICATION_DATA, &data[..]));
         assert_eq!(rx.seq, 4);
         let mut in_place = rec.clone();
         assert_eq!(
-            keys(3).open(h, &mut in_place[HEADER_LEN..]).unwrap(),
+            opener(3).open(h, &mut in_place[HEADER_LEN..]).unwrap(),
             (ct, n)
         );
         // The wrong room, a wrong sequence, an altered body: refused, and the sequence stays.
         let mut short = vec![0u8; out.len() - 1];
         assert!(matches!(
-            keys(3).open_into(h, &rec[HEADER_LEN..], &mut short),
+            opener(3).open_into(h, &rec[HEADER_LEN..], &mut short),
             Err(Error::Crypto)
         ));
         let mut altered = rec.clone();
         altered[HEADER_LEN + 10] ^= 0x40;
-        let mut rx = keys(3);
+        let mut rx = opener(3);
         assert!(matches!(
             rx.open_into(h, &altered[HEADER_LEN..], &mut out),
             Err(Error::BadRecordMac)
         ));
         assert!(matches!(
-            keys(4).open_into(h, &rec[HEADER_LEN..], &mut out),
+            opener(4).open_into(h, &rec[HEADER_LEN..], &mut out),
             Err(Error::BadRecordMac)
         ));
         assert_eq!(rx.seq, 3);
@@ -252,25 +341,25 @@ mod tests {
 
     #[test]
     fn a_record_opened_at_another_sequence_or_altered_fails() {
-        let mut tx = keys(0);
+        let mut tx = sealer(0);
         let mut rec = vec![0u8; record_len(3)];
         tx.seal(HANDSHAKE, b"abc", &mut rec).unwrap();
         let h: [u8; HEADER_LEN] = rec[..HEADER_LEN].try_into().unwrap();
         let mut wrong_seq = rec.clone();
         assert!(matches!(
-            keys(1).open(h, &mut wrong_seq[HEADER_LEN..]),
+            opener(1).open(h, &mut wrong_seq[HEADER_LEN..]),
             Err(Error::BadRecordMac)
         ));
         let mut flipped = rec.clone();
         flipped[HEADER_LEN] ^= 1;
         assert!(matches!(
-            keys(0).open(h, &mut flipped[HEADER_LEN..]),
+            opener(0).open(h, &mut flipped[HEADER_LEN..]),
             Err(Error::BadRecordMac)
         ));
         let mut other_header = h;
         other_header[4] ^= 1;
         assert!(matches!(
-            keys(0).open(other_header, &mut rec[HEADER_LEN..]),
+            opener(0).open(other_header, &mut rec[HEADER_LEN..]),
             Err(Error::BadRecordMac)
         ));
     }
@@ -297,11 +386,11 @@ mod tests {
         // `seal` appends the content type: the last byte of `inner`, whatever it is, is sealed as that.
         let (&last, rest) = inner.split_last().unwrap();
         let mut rec = vec![0u8; record_len(rest.len())];
-        keys(0).seal(last, rest, &mut rec).unwrap();
+        sealer(0).seal(last, rest, &mut rec).unwrap();
         let h: [u8; HEADER_LEN] = rec[..HEADER_LEN].try_into().unwrap();
         let mut out = vec![0u8; rec.len() - HEADER_LEN - TAG_LEN];
-        let into = keys(0).open_into(h, &rec[HEADER_LEN..], &mut out);
-        [keys(0).open(h, &mut rec[HEADER_LEN..]), into]
+        let into = opener(0).open_into(h, &rec[HEADER_LEN..], &mut out);
+        [opener(0).open(h, &mut rec[HEADER_LEN..]), into]
     }
 
     #[test]
@@ -338,14 +427,53 @@ mod tests {
     #[test]
     fn padding_and_an_empty_inner_plaintext_are_told_apart() {
         // A record whose inner plaintext is all zeros has no content type: a protocol error.
-        let mut tx = keys(0);
+        let mut tx = sealer(0);
         let mut rec = vec![0u8; record_len(0)];
         // Seal "no content" with content type 0 to build such a record.
         tx.seal(0, &[], &mut rec).unwrap();
         let h: [u8; HEADER_LEN] = rec[..HEADER_LEN].try_into().unwrap();
         assert!(matches!(
-            keys(0).open(h, &mut rec[HEADER_LEN..]),
+            opener(0).open(h, &mut rec[HEADER_LEN..]),
             Err(Error::UnexpectedMessage(_))
+        ));
+    }
+
+    #[test]
+    fn a_fresh_sending_key_never_seals_two_records_under_one_nonce() {
+        // A key that starts at sequence 0 is aws-lc's TLS 1.3 record key: sealing at a sequence number already
+        // used (a bug that moved `seq` back) is refused by the AEAD itself, and nothing is sealed.
+        let mut tx = sealer(0);
+        let mut rec = vec![0u8; record_len(3)];
+        tx.seal(APPLICATION_DATA, b"one", &mut rec).unwrap();
+        tx.seal(APPLICATION_DATA, b"two", &mut rec).unwrap();
+        tx.seq = 1;
+        let mut again = vec![0u8; record_len(3)];
+        assert!(matches!(
+            tx.seal(APPLICATION_DATA, b"two", &mut again),
+            Err(Error::Crypto)
+        ));
+        assert!(again[HEADER_LEN..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn a_key_is_refused_before_its_sequence_numbers_wrap() {
+        let mut rec = vec![0u8; record_len(1)];
+        let mut tx = sealer(SEQ_HARD_LIMIT - 1);
+        tx.seal(APPLICATION_DATA, b"x", &mut rec).unwrap();
+        assert!(matches!(
+            tx.seal(APPLICATION_DATA, b"x", &mut rec),
+            Err(Error::KeyExhausted)
+        ));
+        // The peer's key: up to rustls's soft limit, not at it.
+        let mut tx = sealer(SEQ_SOFT_LIMIT - 1);
+        let mut last = vec![0u8; record_len(1)];
+        tx.seal(APPLICATION_DATA, b"y", &mut last).unwrap();
+        let h: [u8; HEADER_LEN] = last[..HEADER_LEN].try_into().unwrap();
+        let mut rx = opener(SEQ_SOFT_LIMIT - 1);
+        assert!(rx.open(h, &mut last.clone()[HEADER_LEN..]).is_ok());
+        assert!(matches!(
+            rx.open(h, &mut last[HEADER_LEN..]),
+            Err(Error::KeyExhausted)
         ));
     }
 }

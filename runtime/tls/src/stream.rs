@@ -29,7 +29,7 @@ use read::Opened;
 
 use crate::Error;
 use crate::handshake::{Established, Kernel};
-use crate::record::{ALERT, Keys, MAX_PLAINTEXT, record_len, seq_limit};
+use crate::record::{ALERT, MAX_PLAINTEXT, OpenKeys, SealKeys, record_len, seq_limit};
 
 /// Bytes asked of the transport by one read once reads bring at least [`FIRST_READ`] (a bulk transfer); a quiet
 /// connection asks for [`FIRST_READ`]. In the mesh bench (one flow, 6 rounds of 2 GiB each way, twice, against the
@@ -119,8 +119,8 @@ pub struct TlsStream<IO> {
     suite: SupportedCipherSuite,
     peer_certificates: Option<Vec<CertificateDer<'static>>>,
     alpn: Option<Vec<u8>>,
-    rx: Keys,
-    tx: Keys,
+    rx: OpenKeys,
+    tx: SealKeys,
     tx_limit: u64,
 
     /// Ciphertext read and not yet consumed, from the start of a record.
@@ -193,8 +193,8 @@ impl<IO> TlsStream<IO> {
             suite,
             peer_certificates,
             alpn,
-            rx: Keys::new(rx_seq, rx)?,
-            tx: Keys::new(tx_seq, tx)?,
+            rx: OpenKeys::new(rx_seq, rx)?,
+            tx: SealKeys::new(tx_seq, tx)?,
             tx_limit: seq_limit(limit),
             rbuf: BytesMut::from(&leftover[..]),
             plain: None,

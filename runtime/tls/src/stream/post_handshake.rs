@@ -3,7 +3,7 @@
 
 use super::{MAX_HANDSHAKE_BYTES, MAX_KEY_UPDATES_IN_A_ROW, MAX_SESSION_TICKETS, TlsStream};
 use crate::Error;
-use crate::record::Keys;
+use crate::record::OpenKeys;
 
 /// Handshake message types (RFC 8446 §4).
 const NEW_SESSION_TICKET: u8 = 4;
@@ -62,7 +62,7 @@ impl<IO> TlsStream<IO> {
                         return Err(Error::UnexpectedMessage("too many KeyUpdates without data"));
                     }
                     let (seq, secrets) = self.kernel.update_rx()?;
-                    self.rx = Keys::new(seq, secrets)?;
+                    self.rx = OpenKeys::new(seq, secrets)?;
                     if request {
                         // Answered before our next record (RFC 8446 §4.6.3).
                         self.key_update.get_or_insert(false);

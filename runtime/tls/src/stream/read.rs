@@ -184,7 +184,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
             Error::UnexpectedMessage(_) => Some(10),
             Error::DecodeError(_) => Some(50),
             Error::IllegalParameter(_) => Some(47),
-            Error::Tls(_) | Error::Crypto | Error::UnsupportedSuite => Some(80),
+            Error::Tls(_) | Error::Crypto | Error::UnsupportedSuite | Error::KeyExhausted => {
+                Some(80)
+            }
             Error::Io(_) | Error::HandshakeEof | Error::PeerAlert(_) => None,
         };
         if let Error::PeerAlert(_) = e {

@@ -440,8 +440,31 @@ async fn handshake_messages_packed_into_and_split_across_records_are_all_taken()
     )
     .await;
     let (seq, secrets) = b.kernel.update_tx().unwrap();
-    b.tx = Keys::new(seq, secrets).unwrap();
+    b.tx = crate::record::SealKeys::new(seq, secrets).unwrap();
     send_records(&mut b, &[(APPLICATION_DATA, b"x")]).await;
     assert_eq!(read_once(&mut a).await.unwrap(), b"x");
     assert!(a.hs.is_empty() && a.hs.capacity() == 0);
+}
+
+#[tokio::test]
+async fn an_alert_on_an_error_path_goes_under_a_new_key_once_the_old_one_is_at_its_limit() {
+    let (mut a, mut b) = pair().await;
+    // The next record of `a`'s is the last its key may seal: that must be a KeyUpdate, whatever comes next.
+    a.tx_limit = a.tx.seq + 1;
+    send_records(&mut b, &[(99, b"?")]).await;
+    read_fails(&mut a, "unknown content type").await;
+    // The KeyUpdate went under the old key, the alert as the first record under the new one; `b` followed.
+    assert_eq!(a.tx.seq, 1, "{:?}", a.tx);
+    read_fails(&mut b, "alert 10").await;
+    assert_eq!(b.rx.seq, 1, "{:?}", b.rx);
+}
+
+#[tokio::test]
+async fn close_notify_goes_under_a_new_key_once_the_old_one_is_at_its_limit() {
+    let (mut a, mut b) = pair().await;
+    a.tx_limit = a.tx.seq + 1;
+    a.shutdown().await.unwrap();
+    assert_eq!(a.tx.seq, 1, "{:?}", a.tx);
+    assert_eq!(b.read(&mut [0u8; 8]).await.unwrap(), 0);
+    assert_eq!(b.rx.seq, 1, "{:?}", b.rx);
 }

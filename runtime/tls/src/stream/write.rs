@@ -12,17 +12,28 @@ use super::{
     WRITE_SLICES,
 };
 use crate::Error;
-use crate::record::{APPLICATION_DATA, HANDSHAKE, Keys, MAX_PLAINTEXT, record_len};
+use crate::record::{APPLICATION_DATA, HANDSHAKE, MAX_PLAINTEXT, SealKeys, record_len};
 
 impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
-    /// Seal one record of `content_type` from `data` at the back of the output queue. `hint` is how many more
-    /// bytes this write is about to seal: it decides between a reusable chunk and a buffer just large enough.
+    /// Seal one record of `content_type` from `data` at the back of the output queue, after a `KeyUpdate` if the
+    /// sending key is about to reach its limit (for every record: data, alerts, `close_notify`). `hint` is how
+    /// many more bytes this write is about to seal: it decides between a reusable chunk and a buffer just large
+    /// enough.
     pub(crate) fn seal_record(
         &mut self,
         content_type: u8,
         data: &[u8],
         hint: usize,
     ) -> Result<(), Error> {
+        if self.tx.seq + 1 >= self.tx_limit {
+            let request = self.key_update.take().unwrap_or(false);
+            self.send_key_update(request)?;
+        }
+        self.seal_one(content_type, data, hint)
+    }
+
+    /// Seal one record under the current key, as is.
+    fn seal_one(&mut self, content_type: u8, data: &[u8], hint: usize) -> Result<(), Error> {
         let len = record_len(data.len());
         if self.out.back().is_none_or(|c| c.buf.len() - c.end < len) {
             let buf = if hint + len > SMALL_WRITE || len > SMALL_WRITE {
@@ -49,17 +60,19 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
         Ok(())
     }
 
-    /// Send the pending `KeyUpdate`, or one of our own if the sending key is about to reach its limit.
+    /// Send the pending `KeyUpdate` (ours, or the answer to the peer's request), if any.
     pub(super) fn maybe_update_keys(&mut self) -> Result<(), Error> {
-        let request = match self.key_update {
-            Some(r) => r,
-            None if self.tx.seq + 1 >= self.tx_limit => false,
-            None => return Ok(()),
-        };
-        self.seal_record(HANDSHAKE, &[24, 0, 0, 1, u8::from(request)], 0)?;
-        self.key_update = None;
+        match self.key_update.take() {
+            Some(request) => self.send_key_update(request),
+            None => Ok(()),
+        }
+    }
+
+    /// Seal a `KeyUpdate` (the last record under the current key) and move to the next sending key.
+    fn send_key_update(&mut self, request: bool) -> Result<(), Error> {
+        self.seal_one(HANDSHAKE, &[24, 0, 0, 1, u8::from(request)], 0)?;
         let (seq, secrets) = self.kernel.update_tx()?;
-        self.tx = Keys::new(seq, secrets)?;
+        self.tx = SealKeys::new(seq, secrets)?;
         Ok(())
     }
 
