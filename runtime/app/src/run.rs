@@ -48,6 +48,7 @@ fn proxy_config(a: &RunArgs) -> ProxyConfig {
         (None, crate::inpod::Mode::Node) => OriginalSource::Off,
     };
     c.response_baggage = a.response_baggage;
+    c.tls_record_layer = a.tls_record_layer;
     c.idle_timeout = a.idle_timeout;
     c.drain_deadline = a.drain_deadline;
     c.max_connections_per_listener =
@@ -373,7 +374,8 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<()> {
     let mut pcfg = proxy_config(&args);
     pcfg.shards = shards.as_ref().map(|s| s.shards.clone());
     tracing::info!(node = %args.node, config = ?args.config, xds = ?args.xds.xds_address, version = state.version(),
-        worker_threads = worker_threads(&args), shards = shard_count(&args), cpus = available_cpus(), "weft starting");
+        worker_threads = worker_threads(&args), shards = shard_count(&args), cpus = available_cpus(),
+        tls_record_layer = %pcfg.tls_record_layer, "weft starting");
 
     control.block_on(async {
         // Signal handlers first: a SIGTERM that arrives while weft starts (a supervisor that reads "ready" and

@@ -97,6 +97,9 @@ pub struct ProxyConfig {
     /// Send `baggage` describing the destination workload with an inbound CONNECT's 200, as ztunnel does by default
     /// (its `ENABLE_RESPONSE_BAGGAGE`).
     pub response_baggage: bool,
+    /// Who seals and opens HBONE's TLS records after the handshake: weft's record layer or rustls's
+    /// (`--tls-record-layer`).
+    pub tls_record_layer: weft_tls::RecordLayer,
     /// HTTP/2 settings.
     pub h2: H2Config,
     /// HBONE connection pool settings.
@@ -129,6 +132,7 @@ impl ProxyConfig {
             app_tunnel_loopback: false,
             original_source: OriginalSource::Off,
             response_baggage: true,
+            tls_record_layer: weft_tls::RecordLayer::default(),
             h2: H2Config::default(),
             pool: PoolConfig::default(),
             shards: None,

@@ -71,7 +71,7 @@ impl Inner {
                 return;
             }
         };
-        let accept = weft_tls::accept(server_cfg, tcp);
+        let accept = weft_tls::accept_on(self.cfg.tls_record_layer, server_cfg, tcp);
         let tls = match tokio::time::timeout(self.cfg.connect_timeout, accept).await {
             Ok(Ok(t)) => t,
             Ok(Err(e)) => {

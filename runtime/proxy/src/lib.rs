@@ -38,6 +38,7 @@ pub use metrics::ProxyMetrics;
 pub use outbound::PoolKey;
 pub use socket::SocketFactory;
 pub use tracker::ConnTracker;
+pub use weft_tls::RecordLayer;
 
 /// Errors starting the data path.
 #[derive(Debug, thiserror::Error)]

@@ -468,7 +468,7 @@ impl Inner {
                     .await
                     .map_err(|source| DialError::Tcp { addr, source })?;
                 let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
-                let tls = weft_tls::connect(tls_cfg, name, tcp)
+                let tls = weft_tls::connect_on(me.cfg.tls_record_layer, tls_cfg, name, tcp)
                     .await
                     .map_err(|source| DialError::Tls { addr, source })?;
                 weft_hbone::handshake(tls, &me.cfg.h2)
@@ -493,7 +493,13 @@ impl Inner {
                 None => Ok(outer),
                 Some(i) => {
                     let after = self.cfg.connect_timeout;
-                    let open = i.open(outer, inner_headers, hbone_addr, &self.cfg.h2);
+                    let open = i.open(
+                        outer,
+                        inner_headers,
+                        hbone_addr,
+                        &self.cfg.h2,
+                        self.cfg.tls_record_layer,
+                    );
                     match tokio::time::timeout(after, open).await {
                         Ok(r) => r,
                         Err(_) => Err(weft_hbone::Error::ConnectFailed(Arc::new(

@@ -39,6 +39,7 @@
 mod error;
 mod handshake;
 mod record;
+mod session;
 mod stream;
 
 use std::sync::Arc;
@@ -50,6 +51,7 @@ use rustls::{ClientConfig, ServerConfig};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 pub use error::Error;
+pub use session::{RecordLayer, Session, accept_on, connect_on};
 pub use stream::{FIRST_READ, READ_AHEAD, SEND_BUFFER, TlsStream};
 
 /// Open a TLS 1.3 session to `name` over `io` as a client. The caller bounds the time it may take.

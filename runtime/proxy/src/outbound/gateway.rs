@@ -81,6 +81,7 @@ impl InnerTunnel {
         mut headers: HeaderMap,
         gateway: SocketAddr,
         h2: &H2Config,
+        layer: weft_tls::RecordLayer,
     ) -> Result<H2Stream, weft_hbone::Error> {
         let failed = |e: DialError| weft_hbone::Error::ConnectFailed(Arc::new(e));
         let addr = gateway;
@@ -89,7 +90,7 @@ impl InnerTunnel {
             .client_config(self.expected)
             .map_err(|source| failed(DialError::TlsConfig { addr, source }))?;
         let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
-        let tls = weft_tls::connect(cfg, name, outer)
+        let tls = weft_tls::connect_on(layer, cfg, name, outer)
             .await
             .map_err(|source| failed(DialError::Tls { addr, source }))?;
         let client = weft_hbone::handshake(tls, h2)
