@@ -62,6 +62,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
         let mut header = [0u8; HEADER_LEN];
         header.copy_from_slice(h);
         let end = HEADER_LEN + parse_header(header)?;
+        // legacy_record_version, as rustls takes it: a version other than 3.x does not parse, and the record is
+        // authenticated as 3.3 (the only one a TLS 1.3 peer sends) whatever 3.x its header says.
+        if header[1] != 3 {
+            return Err(Error::DecodeError("a record of another protocol version"));
+        }
+        header[2] = 3;
         if self.rbuf.len() < end {
             return Ok(Opened::Incomplete);
         }
@@ -196,10 +202,14 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
         }
         let e = io::Error::from(e);
         self.read_error = Some(Sticky::of(&e));
+        // A KeyUpdate the peer asked for goes first, as rustls sends it: the alert then comes under the new key.
         if let Some(desc) = alert
             && !self.write_closed
             && self.write_error.is_none()
-            && self.seal_record(ALERT, &[2, desc], 0).is_ok()
+            && self
+                .maybe_update_keys()
+                .and_then(|()| self.seal_record(ALERT, &[2, desc], 0))
+                .is_ok()
         {
             self.write_closed = true;
             let _ = self.poll_write_out(cx);
