@@ -257,7 +257,9 @@ pub(crate) fn parse_header(h: [u8; HEADER_LEN]) -> Result<usize, Error> {
     if len > MAX_CIPHERTEXT {
         return Err(Error::RecordOverflow);
     }
-    if len < TAG_LEN + 1 {
+    // A tag alone is opened (and then refused for having no content type, as an all-zero inner plaintext is);
+    // less than a tag cannot be authenticated.
+    if len < TAG_LEN {
         return Err(Error::BadRecordMac);
     }
     Ok(len)
@@ -376,9 +378,10 @@ mod tests {
             Err(Error::RecordOverflow)
         ));
         assert!(matches!(
-            parse_header([23, 3, 3, 0, 16]),
+            parse_header([23, 3, 3, 0, 15]),
             Err(Error::BadRecordMac)
         ));
+        assert_eq!(parse_header([23, 3, 3, 0, 16]).unwrap(), 16);
     }
 
     /// Seal `inner` as a whole `TLSInnerPlaintext` (content, type, padding) and open it both ways.

@@ -19,7 +19,7 @@
 //! |---|---|---|---|
 //! | 33 empty records, 5 warning alerts, 33 key updates in a row; a message split by another record | refuses, sends no alert | `unexpected_message` | RFC 8446 §6: a fatal error is told with an alert |
 //! | an inner plaintext of zeros only | refuses, no alert | `unexpected_message` | RFC 8446 §5.4 asks for that alert |
-//! | an inner plaintext of 0 bytes (a tag alone) | refuses, no alert | `bad_record_mac` | a body shorter than a tag and a type is refused before it is opened |
+//! | an inner plaintext of 0 bytes (a tag alone) | refuses, no alert | `unexpected_message` | opened, then refused for having no content type (RFC 8446 §5.4), as an all-zero one is |
 //! | an unknown inner or outer content type | `decode_error` | `unexpected_message` | RFC 8446 §5: an unexpected record type is `unexpected_message` |
 //! | a record with outer type 21 or 22 after the handshake | opens it as if it said 23 (`bad_record_mac` if it is plaintext) | `unexpected_message` | only type 23 may follow the handshake (RFC 8446 §5.1) |
 //! | a length field of 2^14 + 2048 or more | `decode_error` | `record_overflow` | RFC 8446 §5.2 |
@@ -191,7 +191,7 @@ const RECORDS: &[Case] = &[
         s.data(b"a");
         s.inner(&[]);
     })
-    .weft(BAD_RECORD_MAC),
+    .weft(UNEXPECTED_MESSAGE),
     case("unknown_inner_content_type", BOTH, DECODE_ERROR, |s| {
         s.data(b"a");
         s.record(99, b"x");
