@@ -1,6 +1,8 @@
 //! What the fuzz target (`conformance/fuzz`, `tls_records`) needs to play a peer that breaks the rules: not part of
 //! the API, and there only with the feature `fuzzing`.
 
+use std::io;
+
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::{Error, TlsStream};
@@ -26,4 +28,15 @@ pub fn queue_raw_record<IO: AsyncRead + AsyncWrite + Unpin>(
 /// The transport under the session, to write bytes no TLS layer made.
 pub fn transport_mut<IO>(s: &mut TlsStream<IO>) -> &mut IO {
     s.transport_mut()
+}
+
+/// The description of the fatal alert the peer sent, if `e` (returned by a read) says the read side failed on one.
+/// A stream keeps a failure as its kind and text, to answer every later call, so the error a read returns no
+/// longer holds an [`Error`]; it is matched by the text [`Error::PeerAlert`] displays.
+pub fn peer_alert(e: &io::Error) -> Option<u8> {
+    if let Some(Error::PeerAlert(d)) = e.get_ref().and_then(|inner| inner.downcast_ref::<Error>()) {
+        return Some(*d);
+    }
+    let text = e.get_ref()?.to_string();
+    (0..=u8::MAX).find(|&d| Error::PeerAlert(d).to_string() == text)
 }
