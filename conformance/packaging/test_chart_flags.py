@@ -1,5 +1,5 @@
 """Every flag and environment variable the chart sets is one weft reads: the rendered args and env of each variant
-against `weft run --help` (and `weft control --help`), and against the env names in runtime/app/src."""
+against `weft run --help` (and `weft control --help`), and against the env names in runtime/node/weft/src."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def parse_help(text: str) -> tuple[dict[str, Flag], set[str]]:
 
 
 def source_env_names() -> set[str]:
-    """`env = "NAME"` in the CLI definitions (`weft run` in runtime/app/src, `weft control` in runtime/control/src)."""
+    """`env = "NAME"` in the CLI definitions (`weft run` in runtime/node/weft/src, `weft control` in runtime/control/ads/src)."""
     names = set()
     for path in [*(REPO / "runtime" / "app" / "src").rglob("*.rs"), *(REPO / "runtime" / "control" / "src").rglob("*.rs")]:
         names |= set(re.findall(r'\benv\s*=\s*"([A-Z][A-Z0-9_]*)"', path.read_text()))
@@ -73,7 +73,7 @@ def check(container, command: str, cli):
         elif flag.values is not None and value not in flag.values:
             problems.append(f"{arg}: weft takes {sorted(flag.values)}")
     # `ISTIO_META_<KEY>` variables are read by prefix, as ztunnel reads them: node metadata `<KEY>` for istiod.
-    meta_prefix = 'const META_PREFIX: &str = "ISTIO_META_";' in (REPO / "runtime/xds/src/node.rs").read_text()
+    meta_prefix = 'const META_PREFIX: &str = "ISTIO_META_";' in (REPO / "runtime/node/xds/src/node.rs").read_text()
     for e in container.get("env", []):
         if meta_prefix and e["name"].startswith("ISTIO_META_"):
             continue

@@ -49,8 +49,8 @@ def test_default_is_the_cluster_mode(render):
     env = env_of(c)
     assert env["CA_ADDRESS"] == env["XDS_ADDRESS"] == "https://istiod.istio-system.svc:15012"
     assert env["CLUSTER_ID"] == "Kubernetes"
-    # The Istio release reported to istiod: the image's and the binary's default (runtime/app/src/xds.rs).
-    xds_rs = (Path(__file__).resolve().parents[2] / "runtime/app/src/xds.rs").read_text()
+    # The Istio release reported to istiod: the image's and the binary's default (runtime/node/weft/src/xds.rs).
+    xds_rs = (Path(__file__).resolve().parents[2] / "runtime/node/weft/src/xds.rs").read_text()
     assert f'pub const ISTIO_VERSION: &str = "{env["ISTIO_META_ISTIO_VERSION"]}";' in xds_rs
     dockerfile = (Path(__file__).resolve().parents[2] / "Dockerfile").read_text()
     assert f'ARG ISTIO_VERSION={env["ISTIO_META_ISTIO_VERSION"]}' in dockerfile

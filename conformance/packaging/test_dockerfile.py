@@ -112,7 +112,7 @@ def test_runtime_has_both_binaries_a_non_root_user_and_weft_as_entrypoint(parsed
 
 def test_the_binaries_exist_in_the_workspace():
     bins = set()
-    for manifest in [REPO / "runtime/app/Cargo.toml", REPO / "conformance/ca-server/Cargo.toml"]:
+    for manifest in [REPO / "runtime/node/weft/Cargo.toml", REPO / "runtime/control/ca/Cargo.toml"]:
         data = tomllib.loads(manifest.read_text())
         bins |= {b["name"] for b in data.get("bin", [])} or {data["package"]["name"]}
     assert {"weft", "weft-ca"} <= bins, bins

@@ -230,7 +230,7 @@ pub fn metric_sum(text: &str, prefix: &str) -> f64 {
 
 /// Replace the file at `path` with `contents` the way a ConfigMap update or a careful editor does: write a sibling
 /// temporary file, then rename it over the old one, so a watcher never reads a half-written file. (The watcher's
-/// own handling of in-place writes is tested in `runtime/state`.)
+/// own handling of in-place writes is tested in `runtime/node/state`.)
 pub fn replace_file(path: &Path, contents: impl AsRef<[u8]>) -> std::io::Result<()> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");

@@ -1,4 +1,4 @@
-//! The istio-authz case table (`plugins/istio-authz/tests/cases.yaml`, which `runtime/plugin-host/tests/istio_authz.rs`
+//! The istio-authz case table (`plugins/istio-authz/tests/cases.yaml`, which `runtime/plugins/host/tests/istio_authz.rs`
 //! runs against the compiled plugin in the host harness) end to end through two real weft nodes in two network
 //! namespaces (see `weft_conformance::netmesh`), with the default istio-authz plugin weft embeds. For each case the
 //! mesh file gets the case's policies, a server workload on node B with the case's `workload` fields, and a client

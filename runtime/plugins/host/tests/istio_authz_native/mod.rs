@@ -4,10 +4,10 @@
 #![allow(clippy::unwrap_used)] // a test panics to fail
 #![allow(dead_code)]
 
-#[path = "../../../../plugins/istio-authz/src/engine.rs"]
+#[path = "../../../../../plugins/istio-authz/src/engine.rs"]
 pub mod engine;
 /// The SDK's hasher, which the engine's maps use (`super::hash`).
-#[path = "../../../../sdk/src/hash.rs"]
+#[path = "../../../../../sdk/src/hash.rs"]
 mod hash;
 
 use engine::{

@@ -12,7 +12,7 @@ fn main() {
     let manifest = PathBuf::from(
         std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
     );
-    let repo = manifest.join("../..");
+    let repo = manifest.join("../../..");
     let plugins = repo.join("plugins");
     for p in [
         "plugins/Cargo.toml",

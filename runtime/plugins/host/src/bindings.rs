@@ -16,7 +16,7 @@ pub struct WorkloadRes {
 
 pub mod policy {
     wasmtime::component::bindgen!({
-        path: "../../sdk/wit",
+        path: "../../../sdk/wit",
         world: "transport-policy-core",
         imports: { default: trappable },
         with: {
@@ -27,7 +27,7 @@ pub mod policy {
 
 pub mod scope {
     wasmtime::component::bindgen!({
-        path: "../../sdk/wit",
+        path: "../../../sdk/wit",
         world: "authorize-scope-export",
         with: {
             "weft:plugin/types": super::policy::weft::plugin::types,
@@ -37,7 +37,7 @@ pub mod scope {
 
 pub mod batches {
     wasmtime::component::bindgen!({
-        path: "../../sdk/wit",
+        path: "../../../sdk/wit",
         world: "telemetry-batches-export",
         with: {
             "weft:plugin/types": super::policy::weft::plugin::types,
@@ -47,7 +47,7 @@ pub mod batches {
 
 pub mod telemetry {
     wasmtime::component::bindgen!({
-        path: "../../sdk/wit",
+        path: "../../../sdk/wit",
         world: "telemetry-sink-core",
         imports: { default: trappable },
         with: {

@@ -48,7 +48,7 @@ pub fn wasm_target_dir() -> PathBuf {
 
 /// The weft repository root (from this crate's location at build time).
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../..")
 }
 
 /// `plugins/` in the weft repository.
