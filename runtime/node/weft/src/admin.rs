@@ -16,7 +16,7 @@ use weft_identity::SecretManager;
 use weft_proxy::Proxy;
 use weft_state::{StateStore, TunnelProtocol};
 
-use crate::logging::LogControl;
+use weft_logging::LogControl;
 
 /// Everything the admin servers read.
 pub struct Node {

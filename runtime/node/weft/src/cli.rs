@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use weft_logging::LogFormat;
 
 /// weft: a node proxy for sidecar-less service meshes.
 #[derive(Debug, Parser)]
@@ -131,15 +132,6 @@ fn parse_mark(s: &str) -> Result<u32, String> {
         None => s.parse(),
     };
     r.map_err(|e| format!("{s:?}: {e}"))
-}
-
-/// Log output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
 }
 
 /// `weft run` (a flag given twice: the last one wins)

@@ -18,7 +18,6 @@ use weft_state::{MeshState, StateStore, TunnelProtocol};
 
 use crate::admin::{Node, NodeCollector};
 use crate::cli::{HboneListen, Listen, PluginCompiler, RunArgs};
-use crate::logging;
 
 fn opt(l: Listen) -> Option<std::net::SocketAddr> {
     match l {
@@ -261,7 +260,7 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<()> {
         &args.cluster_id,
     );
     // `_log_flush` is dropped last (locals drop in reverse): the lines of the whole drain are written.
-    let (logs, _log_flush) = logging::init(&args.log, args.log_format, args.log_linger)?;
+    let (logs, _log_flush) = weft_logging::init(&args.log, args.log_format, args.log_linger)?;
 
     let control = tokio::runtime::Builder::new_current_thread()
         .enable_all()

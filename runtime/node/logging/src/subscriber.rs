@@ -1,4 +1,4 @@
-//! Logging: tracing to stderr (text or JSON) through a buffer a writer thread empties (see [`crate::logwriter`]),
+//! Logging: tracing to stderr (text or JSON) through a buffer a writer thread empties (see [`crate::writer`]),
 //! with a filter that `/logging` can change at run time.
 
 use std::io::IsTerminal;
@@ -7,9 +7,10 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Registry, reload};
 
-use crate::cli::LogFormat;
-use crate::jsonlog::{JsonLine, JsonSpanFields};
-use crate::logwriter::{BufferedWriter, LogBuffer, LogFlush};
+use crate::LogFormat;
+use crate::error::LogError;
+use crate::json::{JsonLine, JsonSpanFields};
+use crate::writer::{BufferedWriter, LogBuffer, LogFlush};
 
 /// Handle to change the log filter.
 #[derive(Clone)]
@@ -52,9 +53,11 @@ pub fn init(
     filter: &str,
     format: LogFormat,
     linger: std::time::Duration,
-) -> anyhow::Result<(LogControl, LogFlush)> {
-    let filter = EnvFilter::try_new(filter)
-        .map_err(|e| anyhow::anyhow!("bad log filter {filter:?}: {e}"))?;
+) -> Result<(LogControl, LogFlush), LogError> {
+    let filter = EnvFilter::try_new(filter).map_err(|e| LogError::BadFilter {
+        filter: filter.to_owned(),
+        reason: e.to_string(),
+    })?;
     let (layer, handle) = reload::Layer::new(filter);
     let (buffer, flush) = LogBuffer::start(std::io::stderr(), linger)?;
     let writer = BufferedWriter(buffer);

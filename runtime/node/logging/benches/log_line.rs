@@ -1,6 +1,6 @@
 //! Cost of one access log line (the fields `weft-proxy` writes per connection, inside a connection's span) in
-//! weft's JSON format ([`weft::jsonlog`]) against `tracing-subscriber`'s JSON format, the baseline it replaced, and
-//! its text format (weft's default), all written to `io::sink`. Run: `cargo bench -p weft --bench log_line`.
+//! weft's JSON format ([`weft_logging::json`]) against `tracing-subscriber`'s JSON format, the baseline it replaced, and
+//! its text format (weft's default), all written to `io::sink`. Run: `cargo bench -p weft-logging --bench log_line`.
 #![allow(clippy::unwrap_used)] // a bench panics to fail
 
 use std::hint::black_box;
@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use criterion::{Criterion, criterion_group, criterion_main};
 use tracing::Subscriber;
 use tracing_subscriber::layer::SubscriberExt;
-use weft::jsonlog::{JsonLine, JsonSpanFields};
+use weft_logging::json::{JsonLine, JsonSpanFields};
 
 fn line() {
     let src: SocketAddr = black_box(([10, 244, 1, 7], 41234).into());
