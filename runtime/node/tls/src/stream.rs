@@ -32,21 +32,16 @@ use crate::handshake::{Established, Kernel};
 use crate::record::{ALERT, MAX_PLAINTEXT, OpenKeys, SealKeys, record_len, seq_limit};
 
 /// Bytes asked of the transport by one read once reads bring at least [`FIRST_READ`] (a bulk transfer); a quiet
-/// connection asks for [`FIRST_READ`]. In the mesh bench (one flow, 6 rounds of 2 GiB each way, twice, against the
-/// same build reading 1 MiB): 1.03× and 0.98× the throughput up, 1.01× and 0.97× down, so no difference this
-/// machine can see, at a quarter of the memory a busy connection holds. (Under rustls's record layer, which took 4
-/// KiB per read from a read-ahead buffer, 1 MiB against 64 KiB had made 1.11× and 1.15×: the receiving node drains
-/// its socket in few reads and opens its peer's window sooner.)
+/// connection asks for [`FIRST_READ`]. As fast as 1 MiB in the mesh bench, at a quarter of the memory a busy
+/// connection holds (docs/performance.md).
 pub const READ_AHEAD: usize = 256 * 1024;
 /// Bytes asked of the transport by a read while reads do not fill what they are offered.
 pub const FIRST_READ: usize = 32 * 1024;
 /// Sealed bytes a stream queues before writes wait for the transport. One write seals up to this much, so a
 /// 1 MiB HTTP/2 DATA frame (ztunnel's and weft's frame size) is sealed in one call and goes out in one vectored
-/// write. In the mesh bench (one flow, 8 rounds of 2 GiB each way, twice, against the same build at 256 KiB):
-/// 1.068× and 1.108× the throughput up at 0.84× and 0.86× the CPU per GiB, 1.01× down; 2 MiB 1.08×, 512 KiB 1.04×.
-/// The cost is memory while a connection moves bulk data (its sealed output and spare chunks, about 1 MiB each);
-/// a quiet connection holds none. (Measured with rustls's buffered writer before this record layer, its
-/// `set_buffer_limit`: 256 KiB against 64 KiB, 1.08× and 1.07×.)
+/// write: faster and cheaper per byte than smaller writes in the mesh bench (docs/performance.md). The cost is
+/// memory while a connection moves bulk data (its sealed output and spare chunks, about 1 MiB each); a quiet
+/// connection holds none.
 pub const SEND_BUFFER: usize = 1024 * 1024;
 /// One reusable output chunk: four full records.
 const CHUNK: usize = 4 * record_len(MAX_PLAINTEXT);

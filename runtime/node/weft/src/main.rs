@@ -4,8 +4,7 @@ use clap::Parser;
 
 /// jemalloc, not glibc's malloc: under bulk traffic glibc kept handing the relay's and h2's large buffers back to
 /// the kernel and faulting them in again (page faults were the biggest difference between weft's and ztunnel's
-/// CPU profiles, and weft spent 1.3× ztunnel's CPU per GiB); with jemalloc both spend the same (REFERENCE.md §I
-/// bench, `conformance/benches/mesh.rs`).
+/// CPU profiles; the figures are in docs/performance.md).
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
@@ -14,10 +13,10 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// memory of a past burst, and no transparent huge pages (they would inflate RSS). One arena per CPU
 /// (`percpu_arena`), not jemalloc's default of four per CPU handed out per thread: weft's dozen threads otherwise
 /// spread their small allocations over eight arenas on two cores, each keeping partly used slabs and its own
-/// background purge (0.5 MB of idle RSS on this machine), and a data thread allocates from the arena of the CPU it
-/// runs on (where the CPUs the process may use are not all the machine's, a restricted cpuset, jemalloc says
-/// "Number of CPUs detected is not deterministic" on stderr and keeps its default arenas). `tests/allocator.rs`
-/// checks they are in effect. (A C `const char *malloc_conf`: a slice's first word is its pointer.)
+/// background purge, and a data thread allocates from the arena of the CPU it runs on (where the CPUs the
+/// process may use are not all the machine's, a restricted cpuset, jemalloc says "Number of CPUs detected is not
+/// deterministic" on stderr and keeps its default arenas). `tests/allocator.rs` checks they are in effect. (A C
+/// `const char *malloc_conf`: a slice's first word is its pointer.)
 #[allow(unsafe_code)] // `export_name`: jemalloc looks this symbol up by name
 #[unsafe(export_name = "_rjem_malloc_conf")]
 pub static MALLOC_CONF: &[u8] =
