@@ -2,13 +2,12 @@
 //! weft's own record layer then carries the data, sealing and opening records where the bytes already are.
 //!
 //! Why not rustls's record layer: a proxy moves every byte through TLS, and rustls's buffered API copies each byte
-//! twice more than it must. Sending, it copies plaintext into a fresh record before encrypting it in place;
-//! receiving, it reads at most 4 KiB per call into its own buffer, decrypts there, copies each record's plaintext
-//! into a queue and from the queue into the caller's buffer. A profile of a one-flow transfer through two weft
-//! nodes had those copies at 9.5 % of the nodes' samples, next to AES-GCM's 12.5 %. Here a record is sealed from
-//! the caller's buffer into the outgoing one by the AEAD itself (aws-lc's out-of-place seal), and a received record
-//! is opened by it from the buffer it was read into straight into the caller's (out-of-place open; the caller's
-//! room is zeroed first, as the AEAD takes initialised memory).
+//! more often than it must (plaintext into a fresh record before sealing; ciphertext into its own buffer, then
+//! plaintext through a queue into the caller's). Here a record is sealed from the caller's buffer into the outgoing
+//! one by the AEAD itself (aws-lc's out-of-place seal), and a received record is opened by it from the buffer it was
+//! read into straight into the caller's (out-of-place open; the caller's room is zeroed first, as the AEAD takes
+//! initialised memory). `--tls-record-layer rustls` ([`RecordLayer::Rustls`]) runs rustls's own instead; what each
+//! costs is in docs/performance.md.
 //!
 //! rustls stays in charge of everything that is not record protection: the handshake runs on its unbuffered API
 //! (`UnbufferedClientConnection`, `UnbufferedServerConnection`), and after it the session is turned into rustls's
