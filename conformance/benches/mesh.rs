@@ -1,4 +1,4 @@
-//! weft side by side with Istio's ztunnel, in the topology of REFERENCE.md §I: each proxy pair runs on its own two
+//! weft side by side with Istio's ztunnel, in the topology of docs/performance.md: each proxy pair runs on its own two
 //! network namespaces joined by a veth pair; the client's connections in node A are captured by iptables to the
 //! proxy's 15001 and tunnelled over mTLS HBONE to node B, whose proxy hands them to the server. "direct" is the same
 //! client and server with the capture skipped (a marked socket): the baseline. Client, servers and every proxy

@@ -82,7 +82,8 @@ pub fn request_bearer<T>(req: &tonic::Request<T>) -> Option<String> {
     bearer_token(req.metadata().get("authorization")?.to_str().ok()?)
 }
 
-/// `authentication.kubernetes.io/...` keys of `status.user.extra` (REFERENCE.md B).
+/// `authentication.kubernetes.io/...` keys of `status.user.extra` (Kubernetes sets them for projected service-account
+/// tokens bound to a pod: the node and pod the token was issued for).
 const EXTRA_NODE_NAME: &str = "authentication.kubernetes.io/node-name";
 const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
 const EXTRA_POD_UID: &str = "authentication.kubernetes.io/pod-uid";
