@@ -39,8 +39,11 @@ def parse_help(text: str) -> tuple[dict[str, Flag], set[str]]:
 def source_env_names() -> set[str]:
     """`env = "NAME"` in the CLI definitions (`weft run` in runtime/node/weft/src, `weft control` in runtime/control/ads/src)."""
     names = set()
-    for path in [*(REPO / "runtime" / "app" / "src").rglob("*.rs"), *(REPO / "runtime" / "control" / "src").rglob("*.rs")]:
-        names |= set(re.findall(r'\benv\s*=\s*"([A-Z][A-Z0-9_]*)"', path.read_text()))
+    for crate in ("node/weft", "control/ads"):
+        sources = list((REPO / "runtime" / crate / "src").rglob("*.rs"))
+        assert sources, f"runtime/{crate}/src has no Rust sources: did the crate move?"
+        for path in sources:
+            names |= set(re.findall(r'\benv\s*=\s*"([A-Z][A-Z0-9_]*)"', path.read_text()))
     return names
 
 
