@@ -305,16 +305,16 @@ async fn a_malformed_resource_is_nacked_with_its_reason_and_the_rest_applies_whi
         .map(|w| {
             let addr = pb::Address {
                 r#type: Some(pb::address::Type::Workload(
-                    weft_control::convert::workload(w),
+                    weft_state::xds::encode::workload(w),
                 )),
             };
             resource(ADDRESS, &w.uid, "1", &addr)
         })
         .chain(cfg.services.iter().map(|s| {
             let addr = pb::Address {
-                r#type: Some(pb::address::Type::Service(weft_control::convert::service(
-                    s,
-                ))),
+                r#type: Some(pb::address::Type::Service(
+                    weft_state::xds::encode::service(s),
+                )),
             };
             resource(ADDRESS, &s.key(), "1", &addr)
         }))
@@ -370,7 +370,7 @@ async fn a_malformed_resource_is_nacked_with_its_reason_and_the_rest_applies_whi
     };
     let echo2_addr = pb::Address {
         r#type: Some(pb::address::Type::Workload(
-            weft_control::convert::workload(echo2_wl),
+            weft_state::xds::encode::workload(echo2_wl),
         )),
     };
     let batch = vec![

@@ -8,7 +8,6 @@
 
 pub mod ads;
 pub mod cli;
-pub mod convert;
 pub mod mesh;
 pub mod metrics;
 pub mod plugin_dir;

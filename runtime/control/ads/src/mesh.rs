@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use weft_proto::istio::workload::{Address, address};
+use weft_state::xds::encode;
 use weft_state::{MeshState, StateStore};
 
-use crate::convert;
 use crate::publish::Publisher;
 use crate::resources::{Resource, TypeSet};
 
@@ -18,13 +18,13 @@ pub fn resources(state: &MeshState) -> (TypeSet, TypeSet) {
     let mut addresses = TypeSet::new();
     for (uid, w) in &state.workloads {
         let a = Address {
-            r#type: Some(address::Type::Workload(convert::workload(w))),
+            r#type: Some(address::Type::Workload(encode::workload(w))),
         };
         addresses.insert(uid.clone(), Arc::new(Resource::address(uid.clone(), &a)));
     }
     for (key, s) in &state.services {
         let a = Address {
-            r#type: Some(address::Type::Service(convert::service(s))),
+            r#type: Some(address::Type::Service(encode::service(s))),
         };
         addresses.insert(key.clone(), Arc::new(Resource::address(key.clone(), &a)));
     }
@@ -32,7 +32,7 @@ pub fn resources(state: &MeshState) -> (TypeSet, TypeSet) {
         .policies
         .iter()
         .map(|(key, p)| {
-            let r = Resource::authorization(key.clone(), &convert::authorization(p));
+            let r = Resource::authorization(key.clone(), &encode::authorization(p));
             (key.clone(), Arc::new(r))
         })
         .collect();

@@ -1,4 +1,5 @@
-//! Istio's xDS resources (`istio.workload.Address`, `istio.security.Authorization`) converted into weft's model,
+//! Istio's xDS resources (`istio.workload.Address`, `istio.security.Authorization`) converted into weft's model, and
+//! back ([`encode`]),
 //! with the checks the local file applies (`crate::validate`): a resource that fails one is refused with the proto
 //! field path and the reason (the xDS client NACKs it), and everything else in the response applies.
 //!
@@ -7,6 +8,7 @@
 //! rule's list widens it.
 
 mod authorization;
+pub mod encode;
 mod gateway;
 mod service;
 mod workload;

@@ -1,17 +1,18 @@
-//! weft-state's model → Istio's xDS messages (`istio.workload.Address`, `istio.security.Authorization`), the way
-//! istiod builds them for ztunnel: a workload is named by its uid, a service by `namespace/hostname`, a policy by
-//! `namespace/name`. The node side does the reverse (weft-xds); the round trip is tested there and here.
+//! The model → Istio's xDS messages (`istio.workload.Address`, `istio.security.Authorization`), the way istiod builds
+//! them for ztunnel (a workload is named by its uid, a service by `namespace/hostname`, a policy by
+//! `namespace/name`): what weft control serves. The reverse, what a node reads, is the rest of this module; the round
+//! trip is tested in `tests/xds_roundtrip.rs`.
 
 use std::net::IpAddr;
 
-use ipnet::IpNet;
-use weft_proto::istio::security as sec;
-use weft_proto::istio::workload as wl;
-use weft_state::{
+use crate::{
     AppTunnelProtocol, GatewayAddress, GatewayDestination, IpFamilies, LbHealthPolicy, LbMode,
     LbScope, Locality, NetworkMode, Policy, PolicyAction, PolicyMatch, PolicyScope, Service,
     ServiceAccountMatch, StringMatch, TunnelProtocol, Visibility, Workload,
 };
+use ipnet::IpNet;
+use weft_proto::istio::security as sec;
+use weft_proto::istio::workload as wl;
 
 fn ip_bytes(ip: &IpAddr) -> Vec<u8> {
     match ip {

@@ -1,5 +1,6 @@
-//! What weft control serves is what a node reads back: model → Istio proto (this crate) → model (weft-state's xDS
-//! conversion, the node's side), field for field, for a workload and a service with every field set.
+//! What weft control serves is what a node reads back: model → Istio proto (`xds::encode`, weft control's side) →
+//! model (`xds::{workload, service, authorization}`, the node's side), field for field, for a workload, a service and
+//! a policy with every field set.
 
 #![allow(clippy::unwrap_used)]
 
@@ -64,18 +65,18 @@ policies:
 fn served_resources_read_back_as_the_same_model() {
     let cfg = weft_state::local::parse(MESH, Path::new("/")).unwrap();
     let w = &cfg.workloads[0];
-    let back = weft_state::xds::workload(weft_control::convert::workload(w)).unwrap();
+    let back = weft_state::xds::workload(weft_state::xds::encode::workload(w)).unwrap();
     assert_eq!(&back, w);
     let s = &cfg.services[0];
-    let back = weft_state::xds::service(weft_control::convert::service(s)).unwrap();
+    let back = weft_state::xds::service(weft_state::xds::encode::service(s)).unwrap();
     assert_eq!(&back, s);
     let p = &cfg.policies[0];
-    let back = weft_state::xds::authorization(weft_control::convert::authorization(p)).unwrap();
+    let back = weft_state::xds::authorization(weft_state::xds::encode::authorization(p)).unwrap();
     assert_eq!(&back, p);
     // And as the node's Address handler names them.
     let address = weft_proto::istio::workload::Address {
         r#type: Some(weft_proto::istio::workload::address::Type::Workload(
-            weft_control::convert::workload(w),
+            weft_state::xds::encode::workload(w),
         )),
     };
     let weft_state::Change::Upsert { resource, .. } =
