@@ -21,42 +21,27 @@
 //! `weft_plugin_rollbacks_total{plugin}`, reported on [`PluginHost::rollbacks`], and refused until different code
 //! arrives. [`PluginHost::wait_applied`] tells a config source what became of the state version it produced.
 
-mod apply;
-mod batch;
-pub mod bindings;
-mod budget;
-mod chain;
-mod compiler;
-mod config;
-mod convert;
-mod enforce;
-mod engine;
-mod epoch;
-mod error;
+// The layers, bottom first; each uses only the ones above it here (`tests/layers.rs` holds this).
+mod base;
+mod guest;
 mod host;
-mod host_metrics;
-mod instance;
-mod plugin;
-mod plugin_metrics;
-mod pool;
-mod rollback;
-mod rollout;
-mod scope;
-mod shared;
-mod status;
-mod store;
-mod telemetry;
+mod lifecycle;
+mod metrics;
+mod sandbox;
 pub mod testing;
-mod wasi;
+mod versions;
+mod wit;
 
-pub use apply::{ApplyReport, Outcome, PluginOutcome};
-pub use compiler::{
+pub use base::clock::{Clock, ManualClock, SystemClock};
+pub use base::compiler::{
     Compiler, DEFAULT_COMPILE_ADDRESS_SPACE, EngineSettings, SubprocessCompiler, compile_child_main,
 };
-pub use config::HostConfig;
-pub use engine::sha256_hex;
-pub use error::{CallError, ErrorKind, LoadError};
-pub use host::{AppliedVersion, EpochTickerStatus, HostError, PluginHost};
-pub use plugin_metrics::MetricsHub;
-pub use rollout::{Clock, ManualClock, RollbackEvent, SystemClock, default_rollout};
-pub use status::PluginStatus;
+pub use base::config::{HostConfig, default_rollout};
+pub use base::error::{CallError, ErrorKind, LoadError};
+pub use host::plugin_host::{EpochTickerStatus, HostError, PluginHost};
+pub use lifecycle::report::{AppliedVersion, ApplyReport, Outcome, PluginOutcome};
+pub use lifecycle::rollout::RollbackEvent;
+pub use lifecycle::status::PluginStatus;
+pub use metrics::plugin::MetricsHub;
+pub use versions::cache::sha256_hex;
+pub use wit::bindings;

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use wasmtime::{Config, Engine};
 
-use crate::error::LoadError;
+use crate::base::error::LoadError;
 
 /// Largest artifact accepted from a compiler child (a compiled plugin is a few MiB).
 pub(crate) const MAX_ARTIFACT_BYTES: u64 = 512 << 20;

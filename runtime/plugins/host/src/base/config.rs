@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use weft_state::PluginRollout;
 
-use crate::compiler::{Compiler, EngineSettings};
-use crate::rollout::{Clock, SystemClock};
+use crate::base::clock::{Clock, SystemClock};
+use crate::base::compiler::{Compiler, EngineSettings};
 
 /// How the plugin host runs plugins. `Default` gives production values.
 #[derive(Debug, Clone)]
@@ -101,7 +101,7 @@ impl Default for HostConfig {
             telemetry_queue: 16 * 1024,
             telemetry_batch: 256,
             telemetry_linger: Duration::from_millis(20),
-            rollout: crate::rollout::default_rollout(),
+            rollout: default_rollout(),
             clock: Arc::new(SystemClock::default()),
             allow_unenforced_policies: false,
         }
@@ -114,5 +114,16 @@ impl HostConfig {
         EngineSettings {
             max_wasm_stack: self.max_wasm_stack,
         }
+    }
+}
+
+/// The node's default probation (a plugin's own `rollout` overrides it): 60 s, more than 20 % failed calls over
+/// at least 20 calls.
+pub fn default_rollout() -> PluginRollout {
+    PluginRollout {
+        window: Duration::from_secs(60),
+        max_failure_ppm: 200_000,
+        min_calls: 20,
+        disabled: false,
     }
 }

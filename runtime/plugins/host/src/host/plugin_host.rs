@@ -1,25 +1,30 @@
-//! `PluginHost`: the engine and the chain behind `weft_hooks::ConnectionHooks`.
+//! `PluginHost`: builds the engine, the epoch ticker, the telemetry thread and the plugin set with its rollout
+//! thread from the config, and puts the chain behind `weft_hooks::ConnectionHooks`.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, mpsc};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use prometheus_client::registry::Registry;
 use weft_hooks::{CloseRecord, ConnectionHooks, ConnectionRecord, Verdict};
-use weft_state::PluginSpec;
 
-use crate::chain::Chain;
-use crate::config::HostConfig;
-use crate::engine::{CompileCache, build_engine};
-use crate::epoch::Ticker;
-use crate::host_metrics::HostMetrics;
-use crate::instance::Limits;
-use crate::plugin::{PluginVersion, PolicyState};
-use crate::plugin_metrics::{LabelLimits, MetricsHub};
-use crate::rollout::{RollbackEvent, RolloutState, Wake};
-use crate::shared::Shared;
-use crate::telemetry::{Msg, TelemetryQueue};
+use super::telemetry::{Msg, TelemetryQueue};
+use crate::base::config::HostConfig;
+use crate::guest::instance::Limits;
+use crate::lifecycle::chain::Chain;
+use crate::lifecycle::plugins::{Loading, Plugins};
+use crate::lifecycle::report::AppliedVersion;
+use crate::lifecycle::rollback;
+use crate::lifecycle::rollout::RollbackEvent;
+use crate::lifecycle::status::PluginStatus;
+use crate::metrics::host::HostMetrics;
+use crate::metrics::plugin::{LabelLimits, MetricsHub};
+use crate::sandbox::engine;
+use crate::sandbox::epoch::Ticker;
+use crate::sandbox::store::ImportLimits;
+use crate::versions::cache::CompileCache;
+use crate::versions::probation::Wake;
+use crate::versions::version::InstanceSettings;
 
 /// Why the host could not start.
 #[derive(Debug, thiserror::Error)]
@@ -32,56 +37,18 @@ pub enum HostError {
     Thread(#[from] std::io::Error),
 }
 
-/// What `apply` reconciles against: the serving versions and the specs that were rejected.
-#[derive(Default)]
-pub(crate) struct Applied {
-    pub serving: BTreeMap<String, Arc<PluginVersion>>,
-    /// Last rejection per plugin name (cleared when a version of it loads), with the spec that was rejected.
-    pub rejected: BTreeMap<String, (Arc<PluginSpec>, String)>,
-    /// Names in the last applied config (serving or not).
-    pub specs: BTreeMap<String, Arc<PluginSpec>>,
-    pub policies: Vec<Arc<weft_state::Policy>>,
-    pub policy_state: PolicyState,
-    pub generation: u64,
-    /// Versions on probation and versions refused after a rollback.
-    pub rollout: RolloutState,
-}
-
-/// The outcome of the `apply` for one state version (what an xDS source waits for before it ACKs).
-#[derive(Debug, Clone, Default)]
-pub struct AppliedVersion {
-    /// The state version applied (0 for an `apply` without one).
-    pub state_version: u64,
-    /// What happened to each plugin.
-    pub report: crate::ApplyReport,
-}
-
-/// What the rollout thread shares with the host: enough to swap a version back.
-#[derive(Clone)]
-pub(crate) struct Swapper {
-    pub shared: Arc<Shared>,
-    pub chain: Arc<ArcSwap<Chain>>,
-    pub applied: Arc<Mutex<Applied>>,
-    pub changes: Arc<tokio::sync::watch::Sender<u64>>,
-    pub rollbacks: tokio::sync::broadcast::Sender<RollbackEvent>,
-}
-
 /// The Wasm plugin host. Cheap to share (`Arc<PluginHost>`); implements [`ConnectionHooks`] for the data path.
 pub struct PluginHost {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) chain: Arc<ArcSwap<Chain>>,
-    pub(crate) applied: Arc<Mutex<Applied>>,
-    pub(crate) changes: Arc<tokio::sync::watch::Sender<u64>>,
-    pub(crate) rollbacks: tokio::sync::broadcast::Sender<RollbackEvent>,
-    pub(crate) reports: tokio::sync::watch::Sender<Arc<AppliedVersion>>,
-    pub(crate) wake: mpsc::Sender<Wake>,
+    /// The plugin set, shared with the rollout thread.
+    pub(crate) plugins: Arc<Plugins>,
+    config: HostConfig,
     telemetry: TelemetryQueue,
-    _ticker: Ticker,
+    ticker: Ticker,
 }
 
 impl Drop for PluginHost {
     fn drop(&mut self) {
-        let _ = self.wake.send(Wake::Stop);
+        let _ = self.plugins.wake.send(Wake::Stop);
     }
 }
 
@@ -107,7 +74,7 @@ pub struct EpochTickerStatus {
 impl PluginHost {
     /// Creates the engine, the epoch ticker and the telemetry thread. No plugin is loaded until [`Self::apply`].
     pub fn new(config: HostConfig) -> Result<Self, HostError> {
-        let engine = build_engine(&config).map_err(HostError::Engine)?;
+        let engine = engine::build(&config).map_err(HostError::Engine)?;
         let ticker = Ticker::start(engine.clone(), config.epoch_tick)?;
         let limits = Limits {
             memory: config.memory_limit,
@@ -126,84 +93,82 @@ impl PluginHost {
             config.telemetry_linger,
             metrics.telemetry_dropped.clone(),
         )?;
-        let shared = Arc::new(Shared {
+        let loading = Loading {
             cache: CompileCache::new(
                 engine.clone(),
                 config.engine_settings(),
                 config.compiler.clone(),
                 config.cache_dir.clone(),
             ),
-            engine,
-            limits,
-            metrics,
-            hub: Arc::new(MetricsHub::new(LabelLimits {
-                max_value_len: config.max_label_value_len,
-                max_bytes: config.max_label_bytes_per_plugin,
-            })),
-            epoch_start: Instant::now(),
-            config,
-        });
-        let (wake, woken) = mpsc::channel();
-        let swapper = Swapper {
-            shared: shared.clone(),
-            chain: chain.clone(),
-            applied: Arc::new(Mutex::new(Applied::default())),
-            changes: Arc::new(tokio::sync::watch::channel(0).0),
-            rollbacks: tokio::sync::broadcast::channel(64).0,
+            instances: InstanceSettings {
+                engine,
+                limits,
+                prewarm: config.prewarm_instances,
+                max_idle: config.max_idle_per_plugin,
+            },
+            imports: ImportLimits {
+                max_series: config.max_series_per_plugin,
+                log_lines_per_sec: config.log_lines_per_sec,
+                telemetry_log_lines_per_sec: config.telemetry_log_lines_per_sec,
+                max_log_len: config.max_log_len,
+                epoch_start: Instant::now(),
+            },
+            rollout: config.rollout,
+            clock: config.clock.clone(),
+            allow_unenforced_policies: config.allow_unenforced_policies,
         };
-        swapper.clone().start(woken)?;
+        let hub = Arc::new(MetricsHub::new(LabelLimits {
+            max_value_len: config.max_label_value_len,
+            max_bytes: config.max_label_bytes_per_plugin,
+        }));
+        let (wake, woken) = mpsc::channel();
+        let plugins = Arc::new(Plugins::new(chain, wake, metrics, hub, loading));
+        rollback::start_thread(plugins.clone(), woken)?;
         Ok(Self {
-            shared,
-            chain,
-            applied: swapper.applied,
-            changes: swapper.changes,
-            rollbacks: swapper.rollbacks,
-            reports: tokio::sync::watch::channel(Arc::new(AppliedVersion::default())).0,
-            wake,
+            plugins,
+            config,
             telemetry,
-            _ticker: ticker,
+            ticker,
         })
+    }
+
+    /// What loading a version takes (the compile cache, the engine...), as handed to the plugin set.
+    pub(crate) fn loading(&self) -> &Loading {
+        &self.plugins.loading
     }
 
     /// Automatic rollbacks as they happen (the xDS source reports each to the control plane as a NACK).
     pub fn rollbacks(&self) -> tokio::sync::broadcast::Receiver<RollbackEvent> {
-        self.rollbacks.subscribe()
+        self.plugins.rollbacks.subscribe()
     }
 
     /// The outcome of the latest `apply`, with the state version it applied.
     pub fn applied(&self) -> tokio::sync::watch::Receiver<Arc<AppliedVersion>> {
-        self.reports.subscribe()
+        self.plugins.reports.subscribe()
     }
 
     /// Waits until a state version at or after `version` has been applied and returns that outcome (versions
     /// applied together are reported once, under the latest).
     pub async fn wait_applied(&self, version: u64) -> Arc<AppliedVersion> {
-        let mut rx = self.reports.subscribe();
+        let mut rx = self.plugins.reports.subscribe();
         let waited = rx
             .wait_for(|a| a.state_version >= version)
             .await
             .map(|a| a.clone());
         // The sender lives as long as the host, which `&self` proves; fall back to the latest all the same.
-        waited.unwrap_or_else(|_| self.reports.borrow().clone())
+        waited.unwrap_or_else(|_| self.plugins.reports.borrow().clone())
     }
 
     /// Judges every probation now (rolls back what crossed its threshold, ends what outlived its window). The
     /// rollout thread does this when a call wakes it and once a second; tests with a [`crate::ManualClock`] call it
     /// after moving the clock.
     pub fn check_rollouts(&self) -> Vec<RollbackEvent> {
-        Swapper {
-            shared: self.shared.clone(),
-            chain: self.chain.clone(),
-            applied: self.applied.clone(),
-            changes: self.changes.clone(),
-            rollbacks: self.rollbacks.clone(),
-        }
-        .check()
+        self.plugins.check()
     }
 
     /// The host's configuration.
     pub fn config(&self) -> &HostConfig {
-        &self.shared.config
+        &self.config
     }
 
     /// Registers the per-plugin host metrics (`weft_plugin_*`) and every plugin-defined metric (names and labels
@@ -211,18 +176,30 @@ impl PluginHost {
     /// into the root registry (no prefix) so plugin metric names stay as defined. Plugin metrics appear and
     /// disappear with the plugins; nothing needs re-registering after `apply`.
     pub fn register_metrics(&self, registry: &mut Registry) {
-        self.shared.metrics.register(registry, &self.shared.hub);
+        self.plugins.metrics.register(registry, &self.plugins.hub);
     }
 
     /// The epoch ticker's state: it ticks only while guest calls run and parks when they stop (tests, debugging).
     pub fn epoch_ticker(&self) -> EpochTickerStatus {
-        let clock = &self.shared.limits.clock;
+        let clock = self.ticker.clock();
         EpochTickerStatus {
             ticks: clock.ticks(),
             parks: clock.parks(),
             parked: clock.is_parked(),
             interval: clock.interval(),
         }
+    }
+
+    /// The Istio authorization policies in force that no serving policy plugin enforces at all, each with why
+    /// (empty when one does, or the operator opted out with `--allow-unenforced-policies`). Connections to the
+    /// workloads they apply to are denied.
+    pub fn unenforced_policies(&self) -> Vec<String> {
+        self.plugins.unenforced_policies()
+    }
+
+    /// A status line per configured plugin, in name order.
+    pub fn status(&self) -> Vec<PluginStatus> {
+        self.plugins.status()
     }
 
     /// The same metrics as Prometheus/OpenMetrics text (tests, debugging).
@@ -248,98 +225,37 @@ impl PluginHost {
         plugin: &str,
         conn: &ConnectionRecord,
     ) -> Option<Verdict> {
-        let v = self.applied.lock().ok()?.serving.get(plugin).cloned()?;
+        let v = self
+            .plugins
+            .applied
+            .lock()
+            .ok()?
+            .serving
+            .get(plugin)
+            .cloned()?;
         Some(v.authorize_fresh(conn))
     }
 }
 
 impl ConnectionHooks for PluginHost {
     fn authorize(&self, conn: &ConnectionRecord) -> Verdict {
-        self.chain.load().authorize(conn)
+        self.plugins.chain.load().authorize(conn)
     }
 
     fn on_open(&self, conn: &Arc<ConnectionRecord>) {
-        if !self.chain.load().telemetry.is_empty() {
+        if !self.plugins.chain.load().telemetry.is_empty() {
             self.telemetry.send(Msg::Opened(conn.clone()));
         }
     }
 
     fn on_close(&self, conn: &Arc<ConnectionRecord>, close: &CloseRecord) {
-        if !self.chain.load().telemetry.is_empty() {
+        if !self.plugins.chain.load().telemetry.is_empty() {
             self.telemetry
                 .send(Msg::Closed(conn.clone(), close.clone()));
         }
     }
 
     fn policy_changes(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.changes.subscribe()
-    }
-}
-
-impl PluginHost {
-    /// Checks code before it is handed to the state (the xDS plugin handler NACKs what fails here, so a broken
-    /// resource never takes effect, not even as a fail-closed plugin with nothing serving): it compiles (through
-    /// the compile cache, so the load that follows reuses it), exports the world of `kind` (taken from the
-    /// component when `None`) and links against the host's imports. Returns the kind. Blocking.
-    pub fn check_component(
-        &self,
-        bytes: &[u8],
-        kind: Option<weft_state::PluginKind>,
-    ) -> Result<weft_state::PluginKind, crate::LoadError> {
-        let found = self.component_kind(bytes)?;
-        if let Some(k) = kind
-            && k != found
-        {
-            return Err(crate::LoadError::WrongWorld {
-                world: match k {
-                    weft_state::PluginKind::Policy => "transport-policy",
-                    weft_state::PluginKind::Telemetry => "telemetry-sink",
-                },
-                reason: format!(
-                    "the resource says {k:?} but the component exports the {found:?} interface"
-                ),
-            });
-        }
-        let sha = crate::engine::sha256_hex(bytes);
-        let component = self.shared.cache.get(&sha, bytes)?;
-        crate::instance::link(&self.shared.engine, &component, found)?;
-        Ok(found)
-    }
-
-    /// The kind of plugin a component is, from the world it exports (`weft:plugin/policy` or
-    /// `weft:plugin/telemetry`): for resources that do not say (Envoy's Wasm config has no such field). Compiles
-    /// through the compile cache, so the load that follows reuses the result. Blocking.
-    pub fn component_kind(&self, bytes: &[u8]) -> Result<weft_state::PluginKind, crate::LoadError> {
-        let sha = crate::engine::sha256_hex(bytes);
-        let component = self.shared.cache.get(&sha, bytes)?;
-        let ty = component.component_type();
-        let exports: Vec<String> = ty
-            .exports(&self.shared.engine)
-            .map(|(name, _)| name.to_string())
-            .collect();
-        let exports_iface = |iface: &str| {
-            exports.iter().any(|e| {
-                e.split('@')
-                    .next()
-                    .is_some_and(|n| n == format!("weft:plugin/{iface}"))
-            })
-        };
-        match (exports_iface("policy"), exports_iface("telemetry")) {
-            (true, false) => Ok(weft_state::PluginKind::Policy),
-            (false, true) => Ok(weft_state::PluginKind::Telemetry),
-            (true, true) => Err(crate::LoadError::WrongWorld {
-                world: "transport-policy or telemetry-sink",
-                reason: "the component exports both weft:plugin/policy and weft:plugin/telemetry; say which in \
-                         the resource's kind"
-                    .into(),
-            }),
-            (false, false) => Err(crate::LoadError::WrongWorld {
-                world: "transport-policy or telemetry-sink",
-                reason: format!(
-                    "the component exports neither weft:plugin/policy nor weft:plugin/telemetry (exports: {})",
-                    if exports.is_empty() { "none".to_string() } else { exports.join(", ") }
-                ),
-            }),
-        }
+        self.plugins.changes.subscribe()
     }
 }

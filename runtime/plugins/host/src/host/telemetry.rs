@@ -15,9 +15,9 @@ use arc_swap::ArcSwap;
 use prometheus_client::metrics::counter::Counter;
 use weft_hooks::{CloseRecord, ConnectionRecord};
 
-use crate::batch::{Batch, EventBatch};
-use crate::bindings::types as wit;
-use crate::chain::Chain;
+use crate::lifecycle::chain::Chain;
+use crate::wit::batch::{Batch, EventBatch};
+use crate::wit::bindings::types as wit;
 
 pub(crate) enum Msg {
     /// The data path's own record, shared: queueing an event copies no field of it.
@@ -370,7 +370,7 @@ mod tests {
         batch.opened(with_id(7));
         batch.closed(with_id(7), &close);
         batch.seal();
-        let plain = crate::batch::plain_events(&batch.view());
+        let plain = crate::wit::batch::plain_events(&batch.view());
         assert!(matches!(
             &plain[..],
             [wit::Event::Opened(a), wit::Event::Closed((b, info))]
@@ -399,6 +399,7 @@ mod tests {
             let h = crate::testing::Harness::telemetry(&wasm, r#"{"accessLog": "off"}"#).unwrap();
             let version = h
                 .host()
+                .plugins
                 .applied
                 .lock()
                 .unwrap()

@@ -5,107 +5,29 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use serde::Serialize;
 use weft_state::{PluginKind, PluginSpec, Policy};
 
-use crate::bindings::types as wit;
-use crate::host::{Applied, AppliedVersion, PluginHost};
-use crate::plugin::PluginVersion;
-use crate::rollout::{OnProbation, Probation};
+use super::plugins::{Applied, Plugins};
+use super::report::{AppliedVersion, ApplyReport, Outcome, PluginOutcome};
+use super::rollout::OnProbation;
+use crate::base::error::LoadError;
+use crate::sandbox::store::PluginCtx;
+use crate::versions::cache::sha256_hex;
+use crate::versions::probation::Probation;
+use crate::versions::version::{PluginVersion, PolicyState, compile, read_source};
+use crate::wit::bindings::types as wit;
+use crate::wit::convert;
 
-/// What `apply` did with one plugin.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "result", rename_all = "snake_case")]
-pub enum Outcome {
-    /// A new version (code or config) loaded and now serves.
-    Loaded {
-        /// sha256 of the code.
-        sha256: String,
-    },
-    /// Same spec as before: nothing done.
-    Unchanged,
-    /// Same code and config, new control-plane state handed over; the re-configured version now serves.
-    StateUpdated,
-    /// The plugin is no longer in the config and stopped serving.
-    Removed,
-    /// The new spec (or state) was refused. `still_serving` is the sha256 of the version that keeps serving, if any.
-    Rejected {
-        /// Why.
-        reason: String,
-        /// The version still serving for this name.
-        still_serving: Option<String>,
-    },
-}
-
-/// One plugin's outcome.
-#[derive(Debug, Clone, Serialize)]
-pub struct PluginOutcome {
-    /// Plugin name.
-    pub name: String,
-    /// What happened.
-    #[serde(flatten)]
-    pub outcome: Outcome,
-}
-
-/// What `apply` did.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct ApplyReport {
-    /// Per plugin, in name order.
-    pub plugins: Vec<PluginOutcome>,
-    /// Whether live connections were asked to be re-checked (the `policy_changes` watch was bumped).
-    pub recheck: bool,
-}
-
-impl ApplyReport {
-    /// The outcome for a plugin name.
-    pub fn get(&self, name: &str) -> Option<&Outcome> {
-        self.plugins
-            .iter()
-            .find(|p| p.name == name)
-            .map(|p| &p.outcome)
-    }
-
-    /// The rejections: (name, reason).
-    pub fn rejected(&self) -> Vec<(&str, &str)> {
-        self.plugins
-            .iter()
-            .filter_map(|p| match &p.outcome {
-                Outcome::Rejected { reason, .. } => Some((p.name.as_str(), reason.as_str())),
-                _ => None,
-            })
-            .collect()
-    }
-}
-
-impl PluginHost {
-    /// Reconciles the plugins with `specs` and hands `policies` to the policy plugins that want them. Blocking:
-    /// compiling and configuring take milliseconds to seconds, so call it from a blocking thread (or use
-    /// [`Self::apply_async`]). Calls are serialized. New connections see the new chain as soon as it returns.
-    pub fn apply(&self, specs: &[Arc<PluginSpec>], policies: &[Arc<Policy>]) -> ApplyReport {
-        self.apply_inner(None, specs, policies)
-    }
-
-    /// [`Self::apply`] for state version `version`: its outcome is published to [`Self::applied`] and
-    /// [`Self::wait_applied`] under that version.
-    pub fn apply_version(
-        &self,
-        version: u64,
-        specs: &[Arc<PluginSpec>],
-        policies: &[Arc<Policy>],
-    ) -> ApplyReport {
-        self.apply_inner(Some(version), specs, policies)
-    }
-
-    fn apply_inner(
+impl Plugins {
+    /// Reconciles the plugins with `specs` and hands `policies` to the policy plugins that want them, then swaps
+    /// the chain; the outcome is published on `reports` under `version` (or the last one). Blocking; serialized.
+    pub fn apply(
         &self,
         version: Option<u64>,
         specs: &[Arc<PluginSpec>],
         policies: &[Arc<Policy>],
     ) -> ApplyReport {
-        let mut applied = match self.applied.lock() {
-            Ok(a) => a,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut applied = self.lock();
         let policies_changed = applied.generation == 0
             || applied.policies.len() != policies.len()
             || applied
@@ -114,8 +36,7 @@ impl PluginHost {
                 .zip(policies)
                 .any(|(a, b)| **a != **b);
         if policies_changed {
-            applied.policy_state =
-                Arc::new(policies.iter().map(|p| crate::convert::policy(p)).collect());
+            applied.policy_state = Arc::new(policies.iter().map(|p| convert::policy(p)).collect());
             applied.policies = policies.to_vec();
         }
         applied.generation += 1;
@@ -160,22 +81,22 @@ impl PluginHost {
                     .with_state(&state)
                     .map(|v| (Arc::new(v), Outcome::StateUpdated))
                     .map_err(|e| e.to_string()),
-                _ => PluginVersion::load(
-                    &self.shared,
-                    spec.clone(),
-                    &state,
-                    current.as_ref().map_or(0, |c| c.pool_target()),
-                )
-                .map(|v| {
-                    let sha = v.sha256.clone();
-                    (Arc::new(v), Outcome::Loaded { sha256: sha })
-                })
-                .map_err(|e| e.to_string()),
+                _ => self
+                    .load(
+                        spec,
+                        &state,
+                        current.as_ref().map_or(0, |c| c.pool_target()),
+                    )
+                    .map(|v| {
+                        let sha = v.sha256.clone();
+                        (Arc::new(v), Outcome::Loaded { sha256: sha })
+                    })
+                    .map_err(|e| e.to_string()),
             };
             match result {
                 Ok((version, outcome)) => {
                     if outcome != Outcome::Unchanged {
-                        self.shared.metrics.load(&name, "loaded");
+                        self.metrics.load(&name, "loaded");
                         tracing::info!(plugin = %name, sha256 = %version.sha256, ?outcome, "plugin serving");
                         if version.spec.kind == PluginKind::Policy && version.spec.recheck {
                             recheck = true;
@@ -195,7 +116,7 @@ impl PluginHost {
                     report.plugins.push(PluginOutcome { name, outcome });
                 }
                 Err(reason) => {
-                    self.shared.metrics.load(&name, "rejected");
+                    self.metrics.load(&name, "rejected");
                     let still_serving = current.as_ref().map(|c| c.sha256.clone());
                     // The one log line for a rejection (callers read the report and do not log it again): a
                     // warning while the previous version keeps serving, an error when nothing serves for the name
@@ -239,7 +160,7 @@ impl PluginHost {
                     name: name.clone(),
                     outcome: Outcome::Removed,
                 });
-                self.shared.hub.remove(name);
+                self.hub.remove(name);
                 tracing::info!(plugin = %name, "plugin removed");
             }
         }
@@ -257,7 +178,7 @@ impl PluginHost {
         applied.specs = wanted;
         // The chain and the plugin metrics: exactly the serving versions (a replaced or removed version's series
         // go).
-        crate::rollback::publish(&applied, &self.chain, &self.shared);
+        self.publish(&applied);
         if recheck {
             self.changes.send_modify(|v| *v += 1);
         }
@@ -274,8 +195,8 @@ impl PluginHost {
     /// Why `spec` is refused after a rollback of the same version, if it is.
     fn refusal(&self, applied: &Applied, spec: &PluginSpec) -> Option<String> {
         let refusal = applied.rollout.refused.get(&spec.name)?;
-        let bytes = crate::plugin::read_source(spec).ok()?;
-        let sha = crate::engine::sha256_hex(&bytes);
+        let bytes = read_source(spec).ok()?;
+        let sha = sha256_hex(&bytes);
         refusal
             .refuses(&sha, &spec.config)
             .then(|| refusal.event.reason())
@@ -300,7 +221,7 @@ impl PluginHost {
             applied.rollout.refused.remove(name);
         }
         applied.rollout.probations.remove(name);
-        let policy = version.spec.rollout.unwrap_or(self.shared.config.rollout);
+        let policy = version.spec.rollout.unwrap_or(self.loading.rollout);
         let Some(previous) = previous else {
             return;
         };
@@ -309,7 +230,7 @@ impl PluginHost {
         }
         let probation = Arc::new(Probation::new(
             policy,
-            self.shared.config.clock.clone(),
+            self.loading.clock.clone(),
             self.wake.clone(),
         ));
         let _ = version.probation.set(probation.clone());
@@ -325,52 +246,31 @@ impl PluginHost {
         );
     }
 
-    /// [`Self::apply`] on tokio's blocking pool, for callers in an async context.
-    pub async fn apply_async(
-        self: &Arc<Self>,
-        specs: Vec<Arc<PluginSpec>>,
-        policies: Vec<Arc<Policy>>,
-    ) -> ApplyReport {
-        self.apply_async_inner(None, specs, policies).await
-    }
-
-    /// [`Self::apply_version`] on tokio's blocking pool.
-    pub async fn apply_version_async(
-        self: &Arc<Self>,
-        version: u64,
-        specs: Vec<Arc<PluginSpec>>,
-        policies: Vec<Arc<Policy>>,
-    ) -> ApplyReport {
-        self.apply_async_inner(Some(version), specs, policies).await
-    }
-
-    async fn apply_async_inner(
-        self: &Arc<Self>,
-        version: Option<u64>,
-        specs: Vec<Arc<PluginSpec>>,
-        policies: Vec<Arc<Policy>>,
-    ) -> ApplyReport {
-        let host = self.clone();
-        let apply = move || {
-            let report = host.apply_inner(version, &specs, &policies);
-            // Compiling a plugin allocates and frees tens of megabytes on this thread; give the freed pages back
-            // so a node's resident memory is what it serves with, not the compiler's high-water mark.
-            crate::engine::release_freed_memory();
-            report
-        };
-        match tokio::task::spawn_blocking(apply).await {
-            Ok(report) => report,
-            Err(e) => ApplyReport {
-                plugins: vec![PluginOutcome {
-                    name: "*".into(),
-                    outcome: Outcome::Rejected {
-                        reason: format!("apply task failed: {e}"),
-                        still_serving: None,
-                    },
-                }],
-                recheck: false,
-            },
-        }
+    /// Loads a new version of `spec`: compiles and links its code, then makes its context (its metric series) and
+    /// its pre-warmed instances.
+    fn load(
+        &self,
+        spec: &Arc<PluginSpec>,
+        state: &PolicyState,
+        instances: usize,
+    ) -> Result<PluginVersion, LoadError> {
+        let loading = &self.loading;
+        let code = compile(spec, &loading.cache, &loading.instances.engine)?;
+        let ctx = PluginCtx::new(
+            &spec.name,
+            spec.kind,
+            &self.metrics,
+            &self.hub,
+            &loading.imports,
+        );
+        PluginVersion::load(
+            spec.clone(),
+            code,
+            ctx,
+            state,
+            instances,
+            &loading.instances,
+        )
     }
 }
 
@@ -378,7 +278,7 @@ fn same_code(current: &PluginVersion, spec: &PluginSpec) -> bool {
     match &spec.source {
         weft_state::PluginSource::Inline(_) => true,
         weft_state::PluginSource::Path(p) => {
-            std::fs::read(p).is_ok_and(|bytes| crate::engine::sha256_hex(&bytes) == current.sha256)
+            std::fs::read(p).is_ok_and(|bytes| sha256_hex(&bytes) == current.sha256)
         }
     }
 }

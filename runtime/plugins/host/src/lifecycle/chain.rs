@@ -6,9 +6,9 @@ use std::sync::Arc;
 use weft_hooks::{ConnectionRecord, Direction, Verdict};
 use weft_state::{FailurePolicy, PluginKind, PluginSpec};
 
-use crate::bindings::types as wit;
-use crate::enforce::Unenforced;
-use crate::plugin::PluginVersion;
+use crate::lifecycle::enforce::Unenforced;
+use crate::versions::version::PluginVersion;
+use crate::wit::bindings::types as wit;
 
 /// A policy plugin in the chain: a serving version, or a spec that never loaded and fails closed.
 #[derive(Clone)]
@@ -110,7 +110,7 @@ impl Chain {
         // Whether a plugin that enforces Istio's AuthorizationPolicy saw (or declared it need not see) this one.
         let mut enforced = false;
         for link in links {
-            if !crate::plugin::selects(link.spec(), conn) {
+            if !crate::versions::version::selects(link.spec(), conn) {
                 continue;
             }
             if let Link::Serving(v) = link {
@@ -143,7 +143,7 @@ impl Chain {
             u.denied(policy, w);
             return Verdict::Deny {
                 by: "weft".into(),
-                reason: crate::enforce::reason(policy),
+                reason: crate::lifecycle::enforce::reason(policy),
             };
         }
         Verdict::Allow

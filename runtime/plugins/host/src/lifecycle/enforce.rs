@@ -14,8 +14,7 @@ use prometheus_client::metrics::family::Family;
 use weft_hooks::WorkloadMeta;
 use weft_state::{Policy, PolicyScope};
 
-/// Labels of the denial counter: the policy left unenforced.
-pub(crate) type PolicyLabel = Vec<(String, String)>;
+use crate::metrics::host::PolicyLabel;
 
 /// The enforced (not dry-run) policies, indexed by where they apply.
 #[derive(Debug)]

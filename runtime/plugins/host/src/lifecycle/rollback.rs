@@ -2,76 +2,72 @@
 //! once a second for windows that ended), restores the previous version in one chain swap, counts, logs and
 //! reports the rollback, and refuses the rolled-back version from then on.
 
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use weft_state::PluginKind;
 
-use crate::bindings::types as wit;
-use crate::chain::Chain;
-use crate::host::{Applied, Swapper};
-use crate::plugin::PluginVersion;
-use crate::rollout::{Refusal, RollbackEvent, Wake};
-use crate::shared::Shared;
+use super::chain::Chain;
+use super::enforce::Unenforced;
+use super::plugins::{Applied, Plugins};
+use super::rollout::{Refusal, RollbackEvent};
+use crate::versions::probation::Wake;
+use crate::versions::version::PluginVersion;
+use crate::wit::bindings::types as wit;
 
 /// How often the thread looks for windows that ended with no call to notice.
 const SWEEP: Duration = Duration::from_secs(1);
 
-fn lock(m: &Mutex<Applied>) -> MutexGuard<'_, Applied> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Rebuilds the data path's chain and the plugin metric sets from `applied` (serving versions, and rejected
-/// specs with nothing serving).
-pub(crate) fn publish(applied: &Applied, chain: &ArcSwap<Chain>, shared: &Shared) {
-    let serving: Vec<Arc<PluginVersion>> = applied.serving.values().cloned().collect();
-    let broken: Vec<_> = applied
-        .rejected
-        .iter()
-        .filter(|(name, _)| !applied.serving.contains_key(*name))
-        .map(|(_, (spec, reason))| (spec.clone(), reason.clone()))
-        .collect();
-    let unenforced = (!shared.config.allow_unenforced_policies)
-        .then(|| {
-            crate::enforce::Unenforced::build(
-                &applied.policies,
-                shared.metrics.unenforced_denials.clone(),
-            )
-        })
-        .flatten()
-        .map(Arc::new);
-    chain.store(Arc::new(Chain::build(&serving, &broken, unenforced)));
-    shared.hub.publish(
-        applied
-            .serving
-            .iter()
-            .map(|(n, v)| (n.as_str(), &v.ctx.metrics)),
-    );
-}
-
-impl Swapper {
-    pub(crate) fn start(self, woken: mpsc::Receiver<Wake>) -> std::io::Result<()> {
-        std::thread::Builder::new()
-            .name("weft-plugin-rollout".into())
-            .spawn(move || {
-                loop {
-                    match woken.recv_timeout(SWEEP) {
-                        Ok(Wake::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
-                        Ok(Wake::Check) | Err(mpsc::RecvTimeoutError::Timeout) => {
-                            self.check();
-                        }
+/// Starts the rollout thread: it judges the probations of `plugins` when woken and once a [`SWEEP`], and ends on
+/// [`Wake::Stop`].
+pub(crate) fn start_thread(
+    plugins: Arc<Plugins>,
+    woken: mpsc::Receiver<Wake>,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("weft-plugin-rollout".into())
+        .spawn(move || {
+            loop {
+                match woken.recv_timeout(SWEEP) {
+                    Ok(Wake::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                    Ok(Wake::Check) | Err(mpsc::RecvTimeoutError::Timeout) => {
+                        plugins.check();
                     }
                 }
-            })?;
-        Ok(())
+            }
+        })?;
+    Ok(())
+}
+
+impl Plugins {
+    /// Rebuilds the data path's chain and the plugin metric sets from `applied` (serving versions, and rejected
+    /// specs with nothing serving).
+    pub(crate) fn publish(&self, applied: &Applied) {
+        let serving: Vec<Arc<PluginVersion>> = applied.serving.values().cloned().collect();
+        let broken: Vec<_> = applied
+            .rejected
+            .iter()
+            .filter(|(name, _)| !applied.serving.contains_key(*name))
+            .map(|(_, (spec, reason))| (spec.clone(), reason.clone()))
+            .collect();
+        let unenforced = (!self.loading.allow_unenforced_policies)
+            .then(|| Unenforced::build(&applied.policies, self.metrics.unenforced_denials.clone()))
+            .flatten()
+            .map(Arc::new);
+        self.chain
+            .store(Arc::new(Chain::build(&serving, &broken, unenforced)));
+        self.hub.publish(
+            applied
+                .serving
+                .iter()
+                .map(|(n, v)| (n.as_str(), &v.ctx.metrics)),
+        );
     }
 
     /// Rolls back every probation that fired and ends every one whose window passed.
     pub(crate) fn check(&self) -> Vec<RollbackEvent> {
-        let now = self.shared.config.clock.now();
-        let mut applied = lock(&self.applied);
+        let now = self.loading.clock.now();
+        let mut applied = self.lock();
         let mut events = Vec::new();
         let names: Vec<String> = applied.rollout.probations.keys().cloned().collect();
         for name in names {
@@ -97,7 +93,7 @@ impl Swapper {
             }
         }
         if !events.is_empty() {
-            publish(&applied, &self.chain, &self.shared);
+            self.publish(&applied);
             let recheck = events.iter().any(|e| {
                 applied
                     .serving
@@ -134,9 +130,7 @@ impl Swapper {
                     "restored plugin version refused the current policies; it serves with the ones it had"),
             }
         }
-        let event = on
-            .probation
-            .event(name, &failed.sha256, &previous.sha256, now);
+        let event = RollbackEvent::new(name, &on.probation, &failed.sha256, &previous.sha256, now);
         let reason = event.reason();
         tracing::error!(
             plugin = %name,
@@ -150,7 +144,7 @@ impl Swapper {
             max_failure_ratio = event.max_failure_ratio,
             "plugin version rolled back"
         );
-        self.shared.metrics.rollback(name);
+        self.metrics.rollback(name);
         applied.rollout.refused.insert(
             name.to_string(),
             Refusal {

@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use weft_state::{FailurePolicy, PluginKind};
 
-use crate::error::ErrorKind;
-use crate::host::PluginHost;
+use super::plugins::Plugins;
+use super::rollout::RollbackEvent;
+use crate::base::error::ErrorKind;
 
 /// One plugin's status.
 #[derive(Debug, Clone, Serialize)]
@@ -60,10 +61,10 @@ pub struct PluginStatus {
     /// Whether the serving version is on probation (it replaced another one less than its window ago).
     pub on_probation: bool,
     /// The last automatic rollback of this plugin, if any is still in force (its version refused).
-    pub rolled_back: Option<crate::RollbackEvent>,
+    pub rolled_back: Option<RollbackEvent>,
 }
 
-impl PluginHost {
+impl Plugins {
     /// The Istio authorization policies in force that no serving policy plugin enforces at all, each with why
     /// (empty when one does, or the operator opted out with `--allow-unenforced-policies`). Connections to the
     /// workloads they apply to are denied.
@@ -73,7 +74,7 @@ impl PluginHost {
             Some(u) if chain.enforces_no_policy() => u
                 .keys()
                 .into_iter()
-                .map(|k| crate::enforce::reason(&k))
+                .map(|k| crate::lifecycle::enforce::reason(&k))
                 .collect(),
             _ => Vec::new(),
         }

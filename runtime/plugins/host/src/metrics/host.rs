@@ -9,10 +9,13 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::error::ErrorKind;
-use crate::plugin_metrics::{DropReason, MetricDrops, MetricsHub};
+use crate::base::error::ErrorKind;
+use crate::metrics::plugin::{DropReason, MetricDrops, MetricsHub};
 
 type Labels = Vec<(String, String)>;
+
+/// Labels of the unenforced-policy denial counter: the policy left unenforced.
+pub(crate) type PolicyLabel = Vec<(String, String)>;
 type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
@@ -35,7 +38,7 @@ pub(crate) struct HostMetrics {
     metric_dropped: Family<Labels, Counter>,
     pub(crate) telemetry_dropped: Counter,
     /// Connections denied because an authorization policy applied that no plugin enforces, by policy.
-    pub(crate) unenforced_denials: Family<crate::enforce::PolicyLabel, Counter>,
+    pub(crate) unenforced_denials: Family<PolicyLabel, Counter>,
 }
 
 impl Default for HostMetrics {

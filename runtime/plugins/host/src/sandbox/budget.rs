@@ -14,9 +14,7 @@
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
-use wasmtime::{StoreContextMut, UpdateDeadline};
-
-use crate::store::StoreData;
+use wasmtime::UpdateDeadline;
 
 /// The CPU time the current thread has used.
 #[allow(unsafe_code)]
@@ -95,7 +93,8 @@ impl Budget {
         ticks(budget, self.tick)
     }
 
-    fn check(&self) -> UpdateDeadline {
+    /// At an epoch deadline: interrupt the call if it spent its budget, else the ticks to the next check.
+    pub fn check(&self) -> UpdateDeadline {
         let used = read_thread_cpu_time(Instant::now()).saturating_sub(self.cpu_start);
         if used >= self.cpu_budget || self.wall_start.elapsed() >= self.cpu_budget * 100 {
             UpdateDeadline::Interrupt
@@ -111,13 +110,6 @@ pub(crate) fn ticks(d: Duration, tick: Duration) -> u64 {
     (d.as_nanos().div_ceil(tick) as u64)
         .saturating_add(1)
         .max(2)
-}
-
-/// The store's epoch-deadline callback.
-pub(crate) fn on_deadline(
-    store: StoreContextMut<'_, StoreData>,
-) -> wasmtime::Result<UpdateDeadline> {
-    Ok(store.data().budget.check())
 }
 
 #[cfg(test)]

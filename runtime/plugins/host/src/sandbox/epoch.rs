@@ -10,7 +10,7 @@
 //! the ticker sees the call (and keeps ticking): a call that loops forever is always interrupted.
 //!
 //! A parked ticker leaves the epoch where it was. A call's deadline is a number of ticks from the epoch at its
-//! start ([`crate::budget::ticks`], rounded up plus one), and the first tick after an unpark comes a whole tick
+//! start ([`super::budget::ticks`], rounded up plus one), and the first tick after an unpark comes a whole tick
 //! later, so parking never shortens a budget.
 //!
 //! Before it parks, a ticker that finds no call in progress slows down: each such tick doubles the wait to the

@@ -23,8 +23,8 @@ use wasmtime::component::{
 };
 use wasmtime::{Engine, StoreContextMut};
 
-use crate::bindings::policy::weft::plugin::log::Level;
-use crate::store::StoreData;
+use crate::sandbox::store::StoreData;
+use crate::wit::bindings::policy::weft::plugin::log::Level;
 
 /// The host type behind every WASI resource (streams, pollables, errors, terminals): inert handles.
 pub(crate) struct WasiStub;

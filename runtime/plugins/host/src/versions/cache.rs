@@ -1,5 +1,4 @@
-//! The one wasmtime `Engine` (pooling allocator, epoch interruption; its ticker is [`crate::epoch`]) and the compile
-//! cache: components compiled once per content hash, kept in memory and (optionally) on disk.
+//! The compile cache: components compiled once per content hash, kept in memory and (optionally) on disk.
 //!
 //! Loading a compiled artifact runs its machine code, so nothing on disk is trusted for what its name says:
 //! - the directory must be weft's own (created 0700; one owned by another user, group- or world-writable, or a
@@ -23,18 +22,12 @@ use std::time::Instant;
 use hmac::{Hmac, Mac};
 use rand::TryRngCore;
 use sha2::{Digest, Sha256};
+use wasmtime::Engine;
 use wasmtime::component::Component;
-use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-use crate::compiler::{Compiled, Compiler, EngineSettings};
-use crate::config::HostConfig;
-use crate::error::LoadError;
+use crate::base::compiler::{Compiled, Compiler, EngineSettings};
+use crate::base::error::LoadError;
 
-/// Core instances, tables and memories one plugin component may use (a Rust component has one core module with
-/// one memory and one table; wit-component may add small shim modules).
-const CORE_INSTANCES_PER_COMPONENT: u32 = 8;
-const MEMORIES_PER_COMPONENT: u32 = 1;
-const TABLES_PER_COMPONENT: u32 = 4;
 const MEMORY_CACHE_ENTRIES: usize = 64;
 /// First bytes of a disk cache entry (format version included).
 const ENTRY_MAGIC: &[u8; 16] = b"weft-cwasm-v1\0\0\0";
@@ -42,31 +35,7 @@ const TAG_LEN: usize = 32;
 const KEY_FILE: &str = "cache.key";
 const KEY_LEN: usize = 32;
 /// Largest entry read back (a compiled plugin is a few MiB).
-const MAX_ENTRY_BYTES: u64 = crate::compiler::MAX_ARTIFACT_BYTES;
-
-/// Builds the engine from the host config: the compile settings plus the pooling allocator.
-pub(crate) fn build_engine(cfg: &HostConfig) -> Result<Engine, String> {
-    let mut pool = PoolingAllocationConfig::default();
-    let slots = cfg.max_instances.max(1);
-    pool.total_component_instances(slots)
-        .total_core_instances(slots.saturating_mul(CORE_INSTANCES_PER_COMPONENT))
-        .total_memories(slots.saturating_mul(MEMORIES_PER_COMPONENT))
-        .total_tables(slots.saturating_mul(TABLES_PER_COMPONENT))
-        .max_core_instances_per_component(CORE_INSTANCES_PER_COMPONENT)
-        .max_memories_per_component(MEMORIES_PER_COMPONENT)
-        .max_tables_per_component(TABLES_PER_COMPONENT)
-        .max_memory_size(cfg.memory_limit);
-    let mut config = cfg.engine_settings().config();
-    config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-    Engine::new(&config).map_err(|e| {
-        format!(
-            "cannot create the wasm engine: {e:#} (the instance pool reserves about {} GiB of address space, \
-             never resident: {slots} memory slots of 4 GiB each, so plugin code needs no bounds checks; an \
-             address-space limit below that, such as `ulimit -v` or RLIMIT_AS, refuses it)",
-            crate::compiler::memory_slot_bytes().saturating_mul(u64::from(slots)) >> 30
-        )
-    })
-}
+const MAX_ENTRY_BYTES: u64 = crate::base::compiler::MAX_ARTIFACT_BYTES;
 
 /// Hex sha256 of some bytes.
 pub fn sha256_hex(bytes: &[u8]) -> String {

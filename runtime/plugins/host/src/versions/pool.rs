@@ -11,11 +11,10 @@
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::bindings::types as wit;
-use crate::error::{CallError, ErrorKind, LoadError};
-use crate::instance::{Instance, Limits, Pre};
-use crate::shared::Shared;
-use crate::store::{LogLimiter, PluginCtx};
+use super::factory::Factory;
+use crate::base::error::{CallError, ErrorKind, LoadError};
+use crate::guest::instance::Instance;
+use crate::sandbox::limiter::LogLimiter;
 
 /// Shortest pause between two instances the refill thread creates for one plugin version (a plugin that traps on
 /// every call cannot make the host create more than this many per second; a healthy plugin whose instances trap
@@ -27,63 +26,6 @@ const REFILL_DUTY_FACTOR: u32 = 2;
 /// Backoff after the first failed creation; doubles with every further failure in a row, up to the maximum.
 const BACKOFF_START: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
-
-/// Everything needed to create a configured instance of one plugin version.
-pub(crate) struct Factory {
-    pub shared: Arc<Shared>,
-    pub pre: Pre,
-    pub ctx: Arc<PluginCtx>,
-    pub limits: Limits,
-    pub config: String,
-    /// The state handed to every new instance after `configure` (when the plugin asked for it).
-    pub state: Option<Arc<Vec<wit::AuthorizationPolicy>>>,
-}
-
-impl Factory {
-    /// Instantiates and configures, returning the state kinds the plugin asked for (no state handed yet).
-    pub fn configured(&self) -> Result<(Instance, wit::StateKinds), LoadError> {
-        let mut inst = Instance::new(
-            &self.shared.engine,
-            &self.pre,
-            self.ctx.clone(),
-            self.limits.clone(),
-        )
-        .map_err(|e| LoadError::Instantiate(e.message))?;
-        match inst.configure(&self.config) {
-            Ok(Ok(kinds)) => Ok((inst, kinds)),
-            Ok(Err(reason)) => Err(LoadError::Configure(reason)),
-            Err(error) => Err(LoadError::Call {
-                stage: "configure",
-                error,
-            }),
-        }
-    }
-
-    /// Hands `state` to an instance.
-    pub fn push_state(
-        inst: &mut Instance,
-        state: &[wit::AuthorizationPolicy],
-    ) -> Result<(), LoadError> {
-        let update = wit::StateUpdate::AuthorizationPolicies(state.to_vec());
-        match inst.update_state(&update) {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(reason)) => Err(LoadError::State(reason)),
-            Err(error) => Err(LoadError::Call {
-                stage: "update-state",
-                error,
-            }),
-        }
-    }
-
-    /// A new instance, configured and given this version's state.
-    pub fn create(&self) -> Result<Instance, LoadError> {
-        let (mut inst, _) = self.configured()?;
-        if let Some(state) = &self.state {
-            Self::push_state(&mut inst, state)?;
-        }
-        Ok(inst)
-    }
-}
 
 /// The pool's bookkeeping.
 struct PoolState {
@@ -122,13 +64,15 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    /// A pool holding `idle` (already configured instances) that keeps `target` instances, and its refill thread.
+    /// A pool holding `idle` (already configured instances) that keeps `target` instances, at most `max_idle`, and
+    /// its refill thread.
     pub fn start(
         factory: Factory,
         idle: Vec<Instance>,
         target: usize,
+        max_idle: usize,
     ) -> Result<Arc<Self>, LoadError> {
-        let max = factory.shared.config.max_idle_per_plugin.max(1);
+        let max = max_idle.max(1);
         let pool = Arc::new(Pool {
             max,
             state: Mutex::new(PoolState {
@@ -231,7 +175,7 @@ impl Pool {
                 .spawn(move || {
                     let tick = pool.factory.limits.tick;
                     while pool.lock().creating {
-                        pool.factory.shared.engine.increment_epoch();
+                        pool.factory.engine.increment_epoch();
                         std::thread::sleep(tick);
                     }
                 });
@@ -327,7 +271,7 @@ impl Pool {
                         .counters
                         .error(ErrorKind::Instantiate)
                         .inc();
-                    if self.warn.allow_pub() {
+                    if self.warn.allow() {
                         tracing::warn!(
                             plugin = %name,
                             error = %reason,

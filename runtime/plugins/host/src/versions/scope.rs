@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use weft_hooks::ConnectionRecord;
 
-use crate::bindings::types as wit;
+use crate::wit::bindings::types as wit;
 
 /// A policy plugin version's scope. It is fixed for the version: a new config or new state makes a new version,
 /// which asks again.

@@ -7,15 +7,20 @@ use std::time::{Instant, SystemTime};
 use weft_hooks::{ConnectionRecord, Verdict};
 use weft_state::{FailurePolicy, PluginKind, PluginSource, PluginSpec};
 
-use crate::batch::Batch;
-use crate::bindings::types as wit;
-use crate::error::{CallError, ErrorKind, LoadError};
-use crate::instance::{Instance, Limits, Pre};
-use crate::pool::{Factory, Pool, PoolStatus};
-use crate::rollout::{CallOutcome, Probation};
-use crate::scope::Scope;
-use crate::shared::Shared;
-use crate::store::{LogLimiter, PluginCtx};
+use wasmtime::Engine;
+
+use super::cache::{CompileCache, sha256_hex};
+use super::factory::Factory;
+use super::pool::{Pool, PoolStatus};
+use super::probation::{CallOutcome, Probation};
+use super::scope::Scope;
+use crate::base::error::{CallError, ErrorKind, LoadError};
+use crate::guest::instance::{Instance, Limits};
+use crate::guest::link::{Pre, link};
+use crate::sandbox::limiter::LogLimiter;
+use crate::sandbox::store::PluginCtx;
+use crate::wit::batch::Batch;
+use crate::wit::bindings::types as wit;
 
 /// Instances a telemetry plugin's pool keeps (at most; fewer when the host is configured to pre-warm fewer). One
 /// thread calls telemetry plugins, the host's telemetry thread, one batch at a time: an instance for it and a spare
@@ -26,6 +31,27 @@ const TELEMETRY_INSTANCES: usize = 2;
 
 /// The authorization policies in WIT form, shared by every version that wants them.
 pub(crate) type PolicyState = Arc<Vec<wit::AuthorizationPolicy>>;
+
+/// How the instances of every version are made and how many a version keeps: the same for all plugins (from the
+/// host config).
+#[derive(Clone)]
+pub(crate) struct InstanceSettings {
+    /// The engine instances are created in.
+    pub engine: Engine,
+    /// The sandbox limits and deadlines of every instance, and the epoch clock their calls are timed by.
+    pub limits: Limits,
+    /// Instances created when a version loads, and kept by its refill (telemetry plugins: at most
+    /// [`TELEMETRY_INSTANCES`]).
+    pub prewarm: usize,
+    /// Idle instances a version keeps at most.
+    pub max_idle: usize,
+}
+
+/// A spec's code, checked and linked: ready to instantiate.
+pub(crate) struct Code {
+    pub sha256: String,
+    pub pre: Pre,
+}
 
 /// A loaded, configured plugin version.
 pub(crate) struct PluginVersion {
@@ -39,8 +65,7 @@ pub(crate) struct PluginVersion {
     /// Which connections this version is asked about (policy plugins; `All` for telemetry).
     pub scope: Scope,
     pre: Pre,
-    limits: Limits,
-    shared: Arc<Shared>,
+    settings: InstanceSettings,
     /// The configured instances, refilled in the background.
     pool: Arc<Pool>,
     /// Rate limit for the host's own warnings about this plugin (failures, denials).
@@ -68,69 +93,54 @@ pub(crate) fn read_source(spec: &PluginSpec) -> Result<Arc<Vec<u8>>, LoadError> 
     }
 }
 
+/// Reads a spec's code, checks its sha256, compiles it (through `cache`) and links it for its world.
+pub(crate) fn compile(
+    spec: &PluginSpec,
+    cache: &CompileCache,
+    engine: &Engine,
+) -> Result<Code, LoadError> {
+    let bytes = read_source(spec)?;
+    let sha = sha256_hex(&bytes);
+    if let Some(expected) = &spec.sha256
+        && !expected.trim().eq_ignore_ascii_case(&sha)
+    {
+        return Err(LoadError::Sha256Mismatch {
+            expected: expected.trim().to_ascii_lowercase(),
+            actual: sha,
+        });
+    }
+    let component = cache.get(&sha, &bytes)?;
+    let pre = link(engine, &component, spec.kind)?;
+    Ok(Code { sha256: sha, pre })
+}
+
 impl PluginVersion {
-    /// Loads a spec: read, check sha256, compile (cached), link for its world, instantiate and configure the
-    /// pre-warmed instances (at least `instances`: what the previous version of this plugin grew to), hand them
-    /// the state. Any failure rejects the version. Runs on the caller's (apply) thread, never the data path.
+    /// Loads compiled `code` of `spec`: instantiates and configures the pre-warmed instances (at least
+    /// `instances`: what the previous version of this plugin grew to) and hands them the state. Any failure rejects
+    /// the version. Runs on the caller's (apply) thread, never the data path.
     pub fn load(
-        shared: &Arc<Shared>,
         spec: Arc<PluginSpec>,
+        code: Code,
+        ctx: Arc<PluginCtx>,
         policies: &PolicyState,
         instances: usize,
+        settings: &InstanceSettings,
     ) -> Result<Self, LoadError> {
-        let bytes = read_source(&spec)?;
-        let sha = crate::engine::sha256_hex(&bytes);
-        if let Some(expected) = &spec.sha256
-            && !expected.trim().eq_ignore_ascii_case(&sha)
-        {
-            return Err(LoadError::Sha256Mismatch {
-                expected: expected.trim().to_ascii_lowercase(),
-                actual: sha,
-            });
-        }
-        let component = shared.cache.get(&sha, &bytes)?;
-        let pre = crate::instance::link(&shared.engine, &component, spec.kind)?;
-        let kind = match spec.kind {
-            PluginKind::Policy => "policy",
-            PluginKind::Telemetry => "telemetry",
-        };
-        let counters = shared.metrics.for_plugin(&spec.name, kind);
-        let ctx = Arc::new(PluginCtx {
-            name: spec.name.clone(),
-            metrics: shared.hub.plugin(
-                &spec.name,
-                shared.config.max_series_per_plugin,
-                counters.series_dropped.clone(),
-            ),
-            counters,
-            hub: shared.hub.clone(),
-            log: LogLimiter::new(match spec.kind {
-                PluginKind::Policy => shared.config.log_lines_per_sec,
-                PluginKind::Telemetry => shared.config.telemetry_log_lines_per_sec,
-            }),
-            max_log_len: shared.config.max_log_len,
-            epoch_start: shared.epoch_start,
-        });
-        Self::prewarm(
-            shared,
-            spec,
-            sha,
-            ctx,
-            pre,
-            Some(policies.clone()),
-            instances,
-        )
+        Self::prewarm(settings, spec, code, ctx, Some(policies.clone()), instances)
     }
 
     /// The same code and config with new control-plane state (a new version; the old one keeps serving until
     /// this one is swapped in).
     pub fn with_state(&self, policies: &PolicyState) -> Result<Self, LoadError> {
+        let code = Code {
+            sha256: self.sha256.clone(),
+            pre: self.pre.clone(),
+        };
         let v = Self::prewarm(
-            &self.shared,
+            &self.settings,
             self.spec.clone(),
-            self.sha256.clone(),
+            code,
             self.ctx.clone(),
-            self.pre.clone(),
             Some(policies.clone()),
             self.pool.target(),
         )?;
@@ -144,19 +154,19 @@ impl PluginVersion {
     /// Creates, configures and parks the pre-warmed instances (the first one tells what state the plugin wants),
     /// then starts the pool's refill thread.
     fn prewarm(
-        shared: &Arc<Shared>,
+        settings: &InstanceSettings,
         spec: Arc<PluginSpec>,
-        sha256: String,
+        code: Code,
         ctx: Arc<PluginCtx>,
-        pre: Pre,
         policies: Option<PolicyState>,
         instances: usize,
     ) -> Result<Self, LoadError> {
+        let Code { sha256, pre } = code;
         let mut factory = Factory {
-            shared: shared.clone(),
+            engine: settings.engine.clone(),
             pre: pre.clone(),
             ctx: ctx.clone(),
-            limits: shared.limits.clone(),
+            limits: settings.limits.clone(),
             config: spec.config.clone(),
             state: None,
         };
@@ -179,17 +189,17 @@ impl PluginVersion {
             tracing::debug!(plugin = %spec.name, scope = %scope.describe(), "policy plugin is asked only about connections in its scope");
         }
         factory.state = state.clone();
-        let wanted = shared.config.prewarm_instances.max(instances);
+        let wanted = settings.prewarm.max(instances);
         let wanted = match spec.kind {
             PluginKind::Policy => wanted,
             PluginKind::Telemetry => wanted.min(TELEMETRY_INSTANCES),
         };
-        let target = wanted.clamp(1, shared.config.max_idle_per_plugin.max(1));
+        let target = wanted.clamp(1, settings.max_idle.max(1));
         let mut idle = vec![first];
         for _ in 1..target {
             idle.push(factory.create()?);
         }
-        let pool = Pool::start(factory, idle, target)?;
+        let pool = Pool::start(factory, idle, target, settings.max_idle)?;
         Ok(PluginVersion {
             spec,
             sha256,
@@ -199,8 +209,7 @@ impl PluginVersion {
             ctx,
             scope,
             pre,
-            limits: shared.limits.clone(),
-            shared: shared.clone(),
+            settings: settings.clone(),
             pool,
             warn_limiter: LogLimiter::new(5),
             probation: OnceLock::new(),
@@ -210,10 +219,10 @@ impl PluginVersion {
     /// A new instance, configured and given this version's state, created on the caller's thread (benchmarks).
     fn new_instance(&self) -> Result<Instance, LoadError> {
         Factory {
-            shared: self.shared.clone(),
+            engine: self.settings.engine.clone(),
             pre: self.pre.clone(),
             ctx: self.ctx.clone(),
-            limits: self.limits.clone(),
+            limits: self.settings.limits.clone(),
             config: self.spec.config.clone(),
             state: self.state.clone(),
         }
@@ -320,7 +329,7 @@ impl PluginVersion {
     }
 
     pub fn warn_limiter_allows(&self) -> bool {
-        self.warn_limiter.allow_pub()
+        self.warn_limiter.allow()
     }
 
     /// Hands a batch to a telemetry plugin; a failure drops the batch (counted).

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use weft_hooks::{CloseRecord, ConnectionRecord, WorkloadMeta};
 
-use crate::bindings::types as wit;
-use crate::convert::{batch_close, batch_connection, workload_meta};
+use crate::wit::bindings::types as wit;
+use crate::wit::convert::{batch_close, batch_connection, workload_meta};
 
 /// What a telemetry plugin is handed: a batch's workloads, strings and events, borrowed.
 #[derive(Debug, Clone, Copy)]

@@ -6,7 +6,7 @@ use ipnet::IpNet;
 use weft_hooks::{CloseRecord, ConnectionRecord, Direction, Verdict, WorkloadMeta};
 use weft_state as state;
 
-use crate::bindings::types as wit;
+use crate::wit::bindings::types as wit;
 
 pub(crate) fn ip(ip: IpAddr) -> wit::IpAddress {
     match ip {
