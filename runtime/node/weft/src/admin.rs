@@ -21,6 +21,8 @@ use weft_logging::LogControl;
 /// Everything the admin servers read.
 pub struct Node {
     pub node: String,
+    /// The node's settings (`NodeConfig`), as `/config_dump` shows them under `nodeConfig`.
+    pub config: serde_json::Value,
     pub state: Arc<StateStore>,
     pub identity: Arc<SecretManager>,
     pub proxy: std::sync::OnceLock<Arc<Proxy>>,
@@ -45,6 +47,7 @@ impl AdminHandler for Node {
         json!({
             "version": s.version,
             "node": self.node,
+            "nodeConfig": self.config,
             "config": {
                 "loaded": self.state.is_loaded(),
                 "acceptedReloads": self.state.accepted_reloads(),

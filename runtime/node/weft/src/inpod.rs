@@ -1,11 +1,8 @@
 //! `weft run --mode inpod`: no shared listeners; the CNI node agent (istio-cni) hands each meshed pod's network
-//! namespace to weft over ZDS and weft serves the pod from inside it (`weft-inpod`). This module holds the flags
-//! and the wiring; `--mode node` (the default) is the shared-node mode of `run.rs`, unchanged.
+//! namespace to weft over ZDS and weft serves the pod from inside it (`weft-inpod`). This module holds the wiring; `--mode node` (the default) is the shared-node mode of `run.rs`, unchanged.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use clap::Args;
 use tokio_util::sync::CancellationToken;
 use weft_hooks::ConnectionHooks;
 use weft_identity::SecretManager;
@@ -13,36 +10,7 @@ use weft_inpod::{Manager, ProxyPods, Status};
 use weft_proxy::{ProxyConfig, ProxyMetrics};
 use weft_state::{StateStore, Workload};
 
-/// How weft gets at workload traffic.
-// The variants' doc comments are `--mode`'s help text: `[::1]` stays plain there, not a rustdoc link.
-#[allow(rustdoc::broken_intra_doc_links)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Mode {
-    /// Shared-node mode: weft's listeners (15001, 15006, 15008, 15080) live in weft's own network namespace and
-    /// the node's capture rules send workload traffic there.
-    Node,
-    /// In-pod mode (Istio ambient's model): the CNI node agent hands each meshed pod's network namespace to weft
-    /// over ZDS (--inpod-uds) and weft opens the pod's listeners (15001, 15006, 15008, and the DNS proxy on
-    /// 127.0.0.1 and [::1] at --dns's port) inside it; the agent
-    /// installs the pod's capture rules. A drop-in for ztunnel next to istio-cni.
-    Inpod,
-}
-
-/// In-pod flags of `weft run`.
-#[derive(Debug, Args)]
-pub struct InpodArgs {
-    /// Node mode (shared listeners in weft's namespace) or in-pod mode (listeners inside each pod's namespace,
-    /// pods handed over by the CNI node agent).
-    #[arg(long, value_enum, env = "WEFT_MODE", default_value = "node")]
-    pub mode: Mode,
-    /// In-pod mode: the CNI node agent's ZDS socket (SOCK_SEQPACKET).
-    #[arg(long, env = "INPOD_UDS", default_value = weft_inpod::DEFAULT_UDS)]
-    pub inpod_uds: PathBuf,
-    /// In-pod mode: open pod listeners with SO_REUSEPORT, so a new weft can take over a pod while the old one
-    /// drains (upgrades without refused connections).
-    #[arg(long, env = "INPOD_PORT_REUSE", default_value_t = true, action = clap::ArgAction::Set)]
-    pub inpod_port_reuse: bool,
-}
+use crate::config::InpodConfig;
 
 /// The running in-pod side.
 pub struct InPod {
@@ -62,7 +30,7 @@ impl InPod {
     /// weft cannot enter namespaces or mark sockets.
     #[allow(clippy::too_many_arguments)]
     pub fn start(
-        args: &InpodArgs,
+        args: &InpodConfig,
         mut base: ProxyConfig,
         state: Arc<StateStore>,
         identity: Arc<SecretManager>,

@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod cli;
+pub mod config;
 pub mod default_plugins;
 pub mod demo;
 pub mod inpod;
@@ -15,7 +16,10 @@ use cli::{CaCommand, Cli, Command};
 /// Run a parsed command line.
 pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Run(args) => run::run(*args),
+        Command::Run(args) => {
+            let config = config::load(*args, std::env::var("ISTIO_META_CLUSTER_ID").ok())?;
+            run::run(config)
+        }
         Command::Ca(CaCommand::Init {
             out,
             trust_domain,

@@ -6,7 +6,6 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use clap::Args;
 use futures_util::future::BoxFuture;
 use weft_plugin_host::PluginHost;
 use weft_plugin_xds::{EcdsHandler, PluginSink};
@@ -14,29 +13,10 @@ use weft_proto::type_url::EXTENSION_CONFIG;
 use weft_state::{Change, Collection, PluginSpec, Resource, StateStore};
 use weft_xds::{AdsClient, Delta, Handler, Rejection, SourceConfig, XdsHandle};
 
+use crate::config::PluginXdsConfig;
+
 /// The plugin source's id in the state store.
 pub const PLUGIN_SOURCE: &str = "xds:plugins";
-
-/// `weft run` flags of the plugin source (TEAM.md's contract; the chart sets them).
-#[derive(Debug, Clone, Args)]
-pub struct PluginXdsArgs {
-    /// The control plane serving plugins as extension configs over Delta ADS (`weft control`); a bare host:port
-    /// means https. Unset: plugins come from --config only.
-    #[arg(long, env = "WEFT_PLUGIN_XDS_ADDRESS")]
-    pub plugin_xds_address: Option<String>,
-    /// PEM roots trusted for the plugin control plane's certificate; re-read on every connect.
-    #[arg(long, env = "WEFT_PLUGIN_XDS_ROOT_CA")]
-    pub plugin_xds_root_cert: Option<PathBuf>,
-    /// The node's token for the plugin control plane (`authorization: Bearer`); re-read on every connect.
-    #[arg(long, env = "WEFT_PLUGIN_XDS_TOKEN_FILE")]
-    pub plugin_xds_token_file: Option<PathBuf>,
-    /// TLS name to verify on the plugin control plane's certificate when it differs from the address's host.
-    #[arg(long)]
-    pub plugin_xds_server_name: Option<String>,
-    /// PEM roots trusted for plugin code fetched over https:// and from OCI registries (default: the system's).
-    #[arg(long, env = "WEFT_PLUGIN_FETCH_ROOTS")]
-    pub plugin_fetch_roots: Option<PathBuf>,
-}
 
 /// What the fetcher needs from the other `weft run` flags.
 #[derive(Debug, Clone)]
@@ -49,7 +29,7 @@ pub struct FetchPaths {
 
 /// Start the plugin source, if configured (must be called within the control runtime).
 pub fn start(
-    args: &PluginXdsArgs,
+    args: &PluginXdsConfig,
     fetch: FetchPaths,
     node: weft_xds::NodeInfo,
     cluster_id: String,

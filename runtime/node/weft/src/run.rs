@@ -11,93 +11,27 @@ use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 use weft_admin::{AdminHandler, Server};
 use weft_hooks::ConnectionHooks;
-use weft_identity::{ManagerConfig, SecretManager, SpiffeId};
-use weft_plugin_host::{Compiler, HostConfig, Outcome, PluginHost, SubprocessCompiler};
-use weft_proxy::{InboundBind, OriginalSource, Proxy, ProxyConfig, ProxyMetrics};
+use weft_identity::{SecretManager, SpiffeId};
+use weft_plugin_host::{Outcome, PluginHost};
+use weft_proxy::{Proxy, ProxyMetrics};
 use weft_state::{MeshState, StateStore, TunnelProtocol};
 
 use crate::admin::{Node, NodeCollector};
-use crate::cli::{HboneListen, Listen, PluginCompiler, RunArgs};
-
-fn opt(l: Listen) -> Option<std::net::SocketAddr> {
-    match l {
-        Listen::At(a) => Some(a),
-        Listen::Off => None,
-    }
-}
-
-fn proxy_config(a: &RunArgs) -> ProxyConfig {
-    let mut c = ProxyConfig::new(a.node.clone());
-    c.cluster_id = a.cluster_id.clone();
-    c.outbound_addr = opt(a.outbound);
-    c.socks5_addr = opt(a.socks5);
-    c.inbound_plaintext_addr = opt(a.inbound_plaintext);
-    c.inbound = match a.hbone {
-        HboneListen::At(addr) => InboundBind::Addr(addr),
-        HboneListen::Workloads => InboundBind::Workloads { port: a.hbone_port },
-        HboneListen::Off => InboundBind::Disabled,
-    };
-    c.hbone_port = a.hbone_port;
-    c.mark = a.mark;
-    c.bind_source_ip = a.bind_source_ip;
-    c.original_source = match (a.original_source, a.inpod.mode) {
-        (Some(true), _) => OriginalSource::Required,
-        (Some(false), _) => OriginalSource::Off,
-        (None, crate::inpod::Mode::Inpod) => OriginalSource::BestEffort,
-        (None, crate::inpod::Mode::Node) => OriginalSource::Off,
-    };
-    c.response_baggage = a.response_baggage;
-    c.tls_record_layer = a.tls_record_layer;
-    c.idle_timeout = a.idle_timeout;
-    c.drain_deadline = a.drain_deadline;
-    c.max_connections_per_listener =
-        (a.max_connections_per_listener > 0).then_some(a.max_connections_per_listener);
-    c
-}
-
-/// The DNS proxy's forwarding from the flags. A resolv.conf that cannot be read, or names no server, is logged
-/// and leaves the proxy without upstreams (mesh names are still answered; forwarded questions get SERVFAIL), so
-/// a node is never kept down by its forwarding setup.
-fn dns_forwarding(a: &RunArgs) -> weft_dns::ForwarderConfig {
-    let mut fwd = weft_dns::ForwarderConfig::default();
-    if a.dns_upstream.is_empty() {
-        match weft_dns::resolv::load(&a.dns_resolv_conf) {
-            Ok(conf) => {
-                fwd.upstreams = conf.nameservers;
-                fwd.timeout = conf.timeout;
-                fwd.attempts = conf.attempts;
-            }
-            Err(e) => tracing::warn!(error = %e,
-                "DNS proxy has no upstream resolver: names outside the mesh will get SERVFAIL (set --dns-upstream)"),
-        }
-    } else {
-        fwd.upstreams = a.dns_upstream.clone();
-    }
-    tracing::info!(upstreams = ?fwd.upstreams, "DNS proxy forwards to");
-    fwd
-}
-
-/// How the DNS proxy answers, from the flags.
-fn dns_config(a: &RunArgs) -> weft_dns::DnsConfig {
-    weft_dns::DnsConfig {
-        cluster_domain: a.cluster_domain.clone(),
-        ..Default::default()
-    }
-}
+use crate::config::{CaKind, Listen, Mode, NodeConfig};
 
 /// Node mode's DNS proxy: one server, upstream sockets in weft's namespace.
 fn dns_server(
-    a: &RunArgs,
+    a: &NodeConfig,
     state: Arc<StateStore>,
     metrics: Arc<weft_dns::DnsMetrics>,
 ) -> weft_dns::DnsServer {
     let forwarder = Arc::new(weft_dns::Forwarder::new(
-        dns_forwarding(a),
+        a.dns_forwarding(),
         Arc::new(weft_dns::NodeSockets { mark: a.mark }),
         Arc::new(weft_dns::SystemClock::default()),
         metrics.clone(),
     ));
-    weft_dns::DnsServer::new(state, forwarder, dns_config(a), metrics)
+    weft_dns::DnsServer::new(state, forwarder, a.dns_config(), metrics)
 }
 
 /// Identities of the HBONE workloads on this node (in-pod mode: of the pods weft serves): the only ones this
@@ -148,59 +82,9 @@ async fn apply_plugins(host: &Arc<PluginHost>, state: &MeshState, defaults: bool
     }
 }
 
-/// The plugin host's settings. A call never creates a plugin instance (it fails with `no_instance` when none is
-/// idle), so each policy plugin keeps one for every thread that may call at once: the data-path workers and the
-/// thread re-checking live connections. (A telemetry plugin keeps two: only the telemetry thread calls it.)
-fn plugin_host_config(args: &RunArgs) -> HostConfig {
-    let defaults = HostConfig::default();
-    // Calls never create instances, so each policy plugin keeps one per thread that may call at once (the data-path
-    // workers and the re-check thread), twice over: a burst of trapping calls (each throws its instance away)
-    // then leaves instances for the plugin's healthy calls while the refill thread replaces the lost ones.
-    let instances = defaults
-        .prewarm_instances
-        .max((worker_threads(args) + shard_count(args) + 1) * 2 + 2);
-    HostConfig {
-        cache_dir: args.plugin_cache.clone(),
-        compiler: match args.plugin_compiler {
-            PluginCompiler::InProcess => Compiler::InProcess,
-            PluginCompiler::Subprocess => Compiler::Subprocess(SubprocessCompiler {
-                // The running binary itself, even if its file was replaced since it started.
-                program: "/proc/self/exe".into(),
-                args: vec!["compile-plugin".into()],
-                timeout: args.plugin_compile_timeout,
-                address_space_limit: (args.plugin_compile_memory_mib > 0)
-                    .then(|| args.plugin_compile_memory_mib.saturating_mul(1 << 20)),
-            }),
-        },
-        rollout: weft_state::PluginRollout {
-            window: args.plugin_rollout_window,
-            max_failure_ppm: weft_state::PluginRollout::ppm(args.plugin_rollout_max_failure_ratio),
-            min_calls: args.plugin_rollout_min_calls,
-            disabled: args.plugin_rollout_window.is_zero(),
-        },
-        prewarm_instances: instances,
-        telemetry_linger: args.plugin_telemetry_linger,
-        epoch_tick: args.plugin_epoch_tick,
-        max_idle_per_plugin: defaults.max_idle_per_plugin.max(instances),
-        allow_unenforced_policies: args.allow_unenforced_policies,
-        ..defaults
-    }
-}
-
 /// CPUs this process may use: cores, less what its affinity mask and cgroup CPU limit leave out.
 fn available_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-}
-
-/// The data path's worker threads (`--worker-threads`, `auto` sized from [`available_cpus`] and the shards).
-fn worker_threads(args: &RunArgs) -> usize {
-    args.worker_threads
-        .count(available_cpus(), shard_count(args))
-}
-
-/// The data path's shards (`--shards`, `auto` sized from [`available_cpus`]); 0: none.
-fn shard_count(args: &RunArgs) -> usize {
-    args.shards.count(available_cpus())
 }
 
 /// The shards' threads (`--shards`): each drives a current-thread runtime until it is told to stop.
@@ -253,21 +137,17 @@ impl ShardThreads {
 }
 
 /// Run the node until SIGTERM/SIGINT or `/quitquitquit`, then drain.
-pub fn run(mut args: RunArgs) -> anyhow::Result<()> {
-    // One cluster id for the CA, xDS and telemetry (ztunnel's rule: ISTIO_META_CLUSTER_ID wins over CLUSTER_ID).
-    args.cluster_id = crate::xds::cluster_id(
-        std::env::var("ISTIO_META_CLUSTER_ID").ok(),
-        &args.cluster_id,
-    );
+pub fn run(args: NodeConfig) -> anyhow::Result<()> {
     // `_log_flush` is dropped last (locals drop in reverse): the lines of the whole drain are written.
-    let (logs, _log_flush) = weft_logging::init(&args.log, args.log_format, args.log_linger)?;
+    let (logs, _log_flush) =
+        weft_logging::init(&args.log, args.log_format, args.tuning.log_linger)?;
 
     let control = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .thread_name("weft-control")
         .build()?;
     let data = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(worker_threads(&args))
+        .worker_threads(args.worker_threads(available_cpus()))
         .enable_all()
         .thread_name("weft-data")
         .build()?;
@@ -281,18 +161,11 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<()> {
     let (plugins_applied, plugins_applied_rx) = tokio::sync::watch::channel(0u64);
     let mut xds = {
         let _in_control = control.enter();
-        crate::xds::start(
-            &args.xds,
-            &args.node,
-            &args.cluster_id,
-            &state,
-            plugins_applied_rx,
-        )
-        .context("starting the xDS client")?
+        crate::xds::start(&args, &state, plugins_applied_rx).context("starting the xDS client")?
     };
-    let ca_settings = args.ca.settings(args.ca_dir.clone(), &args.cluster_id);
+    let ca_settings = args.ca_settings();
     let ca = weft_identity::select::build_ca(&ca_settings).context("setting up the CA client")?;
-    if args.ca.ca_kind == crate::cli::CaKind::Local {
+    if args.ca.ca_kind == CaKind::Local {
         tracing::warn!(ca_dir = %args.ca_dir.as_deref().unwrap_or(std::path::Path::new("-")).display(),
             "local CA mode: the CA's private key is on this node, so whoever takes this node can mint any identity \
              in the mesh; use it on a single machine or for development only (a cluster: --ca-kind istio or k8s-csr)");
@@ -300,27 +173,19 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<()> {
     // Built inside the control runtime, so CA calls run there.
     let identity = {
         let _in_control = control.enter();
-        SecretManager::new(
-            ca,
-            ManagerConfig {
-                validity: args.cert_validity,
-                ca_timeout: args.ca.ca_timeout + Duration::from_secs(5),
-                ..ManagerConfig::default()
-            },
-        )
+        SecretManager::new(ca, args.manager_config())
     };
-    let host =
-        Arc::new(PluginHost::new(plugin_host_config(&args)).context("starting the plugin host")?);
+    let host = Arc::new(
+        PluginHost::new(args.plugin_host_config(available_cpus()))
+            .context("starting the plugin host")?,
+    );
     let hooks: Arc<dyn ConnectionHooks> = host.clone();
     {
         let _in_control = control.enter();
         let plugins = crate::plugin_xds::start(
             &args.plugin_xds,
-            crate::plugin_xds::FetchPaths {
-                cache_dir: args.plugin_fetch_cache.clone(),
-                pull_secret: args.plugin_pull_secret.clone(),
-            },
-            crate::xds::node_info(&args.xds, &args.node, &args.cluster_id),
+            args.fetch_paths(),
+            crate::xds::node_info(&args),
             args.cluster_id.clone(),
             &state,
             &host,
@@ -335,8 +200,8 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<()> {
     metrics.register(&mut registry);
     dns_metrics.register(&mut registry);
     host.register_metrics(&mut registry);
-    let inpod_status = (args.inpod.mode == crate::inpod::Mode::Inpod)
-        .then(|| Arc::new(weft_inpod::Status::default()));
+    let inpod_status =
+        (args.inpod.mode == Mode::Inpod).then(|| Arc::new(weft_inpod::Status::default()));
     if let Some(s) = &inpod_status {
         s.register(&mut registry);
     }
@@ -348,6 +213,7 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<()> {
     let quit = CancellationToken::new();
     let node = Arc::new(Node {
         node: args.node.clone(),
+        config: serde_json::to_value(&args).unwrap_or_default(),
         state: state.clone(),
         identity: identity.clone(),
         proxy: std::sync::OnceLock::new(),
@@ -366,14 +232,14 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<()> {
             Box::new(move || host.unenforced_policies())
         },
     });
-    let shards = match shard_count(&args) {
+    let shards = match args.shard_count(available_cpus()) {
         0 => None,
         n => Some(ShardThreads::start(n)?),
     };
-    let mut pcfg = proxy_config(&args);
+    let mut pcfg = args.proxy_config();
     pcfg.shards = shards.as_ref().map(|s| s.shards.clone());
     tracing::info!(node = %args.node, config = ?args.config, xds = ?args.xds.xds_address, version = state.version(),
-        worker_threads = worker_threads(&args), shards = shard_count(&args), cpus = available_cpus(),
+        worker_threads = args.worker_threads(available_cpus()), shards = args.shard_count(available_cpus()), cpus = available_cpus(),
         tls_record_layer = %pcfg.tls_record_layer, "weft starting");
 
     control.block_on(async {
@@ -384,7 +250,7 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<()> {
         let _watch = args
             .config
             .clone()
-            .map(|c| weft_state::watch_file(c, state.clone(), args.config_poll));
+            .map(|c| weft_state::watch_file(c, state.clone(), args.tuning.config_poll));
         let _refresh = identity.spawn_refresher(Duration::from_secs(1));
         // Subscribed before the first await: a source (xDS) may change the state while the plugins load, and that
         // version must not be missed by either loop.
@@ -455,8 +321,8 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<()> {
                 );
                 pod_dns = Some(weft_inpod::PodDns {
                     port: addr.port(),
-                    forwarder: dns_forwarding(&args),
-                    config: dns_config(&args),
+                    forwarder: args.dns_forwarding(),
+                    config: args.dns_config(),
                     metrics: dns_metrics,
                 });
                 None

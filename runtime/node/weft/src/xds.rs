@@ -1,11 +1,9 @@
-//! The node's xDS sources: the `weft run` flags for the mesh source (istiod or `weft control`) and the node id,
+//! The node's xDS sources: the mesh source (istiod or `weft control`) and the node id,
 //! the handlers that turn Address and Authorization resources into changes of the state store (checked by the same
 //! functions as the local file), readiness, `/config_dump` and metrics per source.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use clap::Args;
 use futures_util::future::BoxFuture;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -20,41 +18,10 @@ use weft_proto::type_url::{ADDRESS, AUTHORIZATION};
 use weft_state::{Change, Collection, StateStore};
 use weft_xds::{AdsClient, Delta, Handler, NodeInfo, Rejection, SourceConfig, XdsHandle};
 
+use crate::config::NodeConfig;
+
 /// The mesh source's id in the state store.
 pub const MESH_SOURCE: &str = "xds:mesh";
-
-/// `weft run` flags of the mesh source and the node id (the names of TEAM.md's contract and ztunnel's variables).
-// The fields' doc comments are clap's `--help` text: URLs stay plain there.
-#[allow(rustdoc::bare_urls)]
-#[derive(Debug, Clone, Args)]
-pub struct XdsArgs {
-    /// The control plane serving workloads, services and policies over Delta ADS (istiod:
-    /// https://istiod.istio-system.svc:15012, or `weft control`); a bare host:port means https. Unset: no xDS
-    /// (the mesh comes from --config only). With --config as well, both feed the state (xDS wins a conflict).
-    #[arg(long, env = "XDS_ADDRESS")]
-    pub xds_address: Option<String>,
-    /// PEM roots trusted for the control plane's certificate (istiod: the mesh root, e.g.
-    /// /var/run/secrets/istio/root-cert.pem); re-read on every connect.
-    #[arg(long, env = "XDS_ROOT_CA")]
-    pub xds_root_cert: Option<PathBuf>,
-    /// The node's token sent as `authorization: Bearer` (Kubernetes: the projected service-account token, audience
-    /// istio-ca, e.g. /var/run/secrets/tokens/istio-token); re-read on every connect. The `clusterid` header goes
-    /// with it.
-    #[arg(long, env = "XDS_TOKEN_FILE")]
-    pub xds_token_file: Option<PathBuf>,
-    /// TLS name to verify on the control plane's certificate when it differs from the address's host.
-    #[arg(long)]
-    pub xds_server_name: Option<String>,
-    /// This proxy's pod name (node id `ztunnel~IP~POD.NS~NS.svc.cluster.local`, metadata NAME).
-    #[arg(long, env = "POD_NAME", default_value = "")]
-    pub pod_name: String,
-    /// This proxy's pod namespace (node id, metadata NAMESPACE).
-    #[arg(long, env = "POD_NAMESPACE", default_value = "")]
-    pub pod_namespace: String,
-    /// This proxy's pod IP (node id, metadata INSTANCE_IPS; ztunnel reports 1.1.1.1 when unset).
-    #[arg(long, env = "INSTANCE_IP")]
-    pub instance_ip: Option<String>,
-}
 
 /// The cluster id as ztunnel takes it: `ISTIO_META_CLUSTER_ID`, else `--cluster-id` (`CLUSTER_ID`). Resolved
 /// once at start; the CA's `clusterid` header, the xDS `clusterid` header and node metadata all use the result.
@@ -73,28 +40,28 @@ pub const ISTIO_VERSION: &str = "1.32.0";
 /// The node id inputs: the flags, then `ISTIO_META_*` / `ISTIO_METAJSON_*` from the environment, the cluster id
 /// (already resolved, [`cluster_id`]) as `CLUSTER_ID` and [`ISTIO_VERSION`] as `ISTIO_VERSION` unless the
 /// environment set them.
-pub fn node_info(args: &XdsArgs, node: &str, cluster: &str) -> NodeInfo {
+pub fn node_info(config: &NodeConfig) -> NodeInfo {
+    let args = &config.xds;
     NodeInfo {
         instance_ip: args.instance_ip.clone(),
         pod_name: args.pod_name.clone(),
         pod_namespace: args.pod_namespace.clone(),
-        node_name: node.to_owned(),
+        node_name: config.node.clone(),
         ..Default::default()
     }
     .with_env(std::env::vars())
-    .default_metadata("CLUSTER_ID", cluster)
+    .default_metadata("CLUSTER_ID", &config.cluster_id)
     .default_metadata("ISTIO_VERSION", ISTIO_VERSION)
 }
 
 /// Start the mesh source, if configured (must be called within the control runtime). Its Authorization handler
 /// answers once the plugin host runs the state version that carries the change (`plugins_applied`).
 pub fn start(
-    args: &XdsArgs,
-    node: &str,
-    cluster: &str,
+    config: &NodeConfig,
     state: &Arc<StateStore>,
     plugins_applied: watch::Receiver<u64>,
 ) -> anyhow::Result<Vec<XdsHandle>> {
+    let args = &config.xds;
     let Some(address) = &args.xds_address else {
         return Ok(Vec::new());
     };
@@ -103,8 +70,8 @@ pub fn start(
     cfg.root_cert = args.xds_root_cert.clone();
     cfg.token_file = args.xds_token_file.clone();
     cfg.server_name = args.xds_server_name.clone();
-    cfg.cluster_id = cluster.to_owned();
-    cfg.node = node_info(args, node, cluster);
+    cfg.cluster_id = config.cluster_id.clone();
+    cfg.node = node_info(config);
     tracing::info!(address, node_id = %cfg.node.id(), "mesh source: Delta ADS");
     let handle = AdsClient::new(cfg)
         .subscribe(
