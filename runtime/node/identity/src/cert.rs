@@ -45,7 +45,7 @@ pub fn new_csr(id: &SpiffeId) -> Result<CsrAndKey, Error> {
 pub struct CertSummary {
     /// PEM of this certificate.
     pub pem: String,
-    /// Serial number, hex.
+    /// Serial number, decimal (as ztunnel dumps it; `istioctl ztunnel-config certificates` prints it in hex).
     pub serial_number: String,
     /// Not valid before (RFC 3339).
     pub valid_from: String,
@@ -64,6 +64,7 @@ pub struct WorkloadCert {
     not_after: SystemTime,
     serial: String,
     summaries: Vec<CertSummary>,
+    root_summaries: Vec<CertSummary>,
     server_config: OnceLock<Arc<rustls::ServerConfig>>,
 }
 
@@ -139,16 +140,15 @@ impl WorkloadCert {
         )?;
         let summaries = chain
             .iter()
-            .map(|c| {
-                let i = parse_leaf(c)?;
-                Ok(CertSummary {
-                    pem: to_pem(c),
-                    serial_number: i.serial.clone(),
-                    valid_from: rfc3339(i.not_before),
-                    expiration_time: rfc3339(i.not_after),
-                })
-            })
+            .map(summary)
             .collect::<Result<Vec<_>, Error>>()?;
+        let mut root_summaries = Vec::new();
+        for pem in &root_pems {
+            for der in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+                let der = der.map_err(|e| Error::BadCertificate(format!("bad root PEM: {e}")))?;
+                root_summaries.push(summary(&der)?);
+            }
+        }
         let cert = Self {
             identity,
             key,
@@ -159,6 +159,7 @@ impl WorkloadCert {
             not_after: info.not_after,
             serial: info.serial,
             summaries,
+            root_summaries,
             server_config: OnceLock::new(),
         };
         // Fail now, not on the first connection, if the key does not match.
@@ -201,7 +202,7 @@ impl WorkloadCert {
         self.not_after
     }
 
-    /// Leaf serial number (hex).
+    /// Leaf serial number (decimal).
     pub fn serial(&self) -> &str {
         &self.serial
     }
@@ -209,6 +210,11 @@ impl WorkloadCert {
     /// Per-certificate summaries of the chain as issued (leaf first).
     pub fn summaries(&self) -> &[CertSummary] {
         &self.summaries
+    }
+
+    /// The trust roots, as `/config_dump` shows them.
+    pub fn root_summaries(&self) -> &[CertSummary] {
+        &self.root_summaries
     }
 
     /// Time left before expiry (zero if expired).
@@ -241,7 +247,7 @@ impl WorkloadCert {
 pub struct LeafInfo {
     /// URI SANs.
     pub uris: Vec<String>,
-    /// Serial, hex.
+    /// Serial, decimal.
     pub serial: String,
     /// Not before.
     pub not_before: SystemTime,
@@ -264,9 +270,20 @@ pub fn parse_leaf(der: &CertificateDer<'_>) -> Result<LeafInfo, Error> {
     let ts = |t: i64| UNIX_EPOCH + Duration::from_secs(u64::try_from(t).unwrap_or(0));
     Ok(LeafInfo {
         uris,
-        serial: cert.raw_serial_as_string().replace(':', ""),
+        serial: cert.tbs_certificate.serial.to_string(),
         not_before: ts(cert.validity().not_before.timestamp()),
         not_after: ts(cert.validity().not_after.timestamp()),
+    })
+}
+
+/// What the dump shows of one certificate.
+fn summary(der: &CertificateDer<'_>) -> Result<CertSummary, Error> {
+    let i = parse_leaf(der)?;
+    Ok(CertSummary {
+        pem: to_pem(der),
+        serial_number: i.serial,
+        valid_from: rfc3339(i.not_before),
+        expiration_time: rfc3339(i.not_after),
     })
 }
 

@@ -112,7 +112,7 @@ pub struct CertificateDump {
     /// Initializing (first fetch under way) | Available (a valid certificate) | Unavailable (none, last fetch
     /// failed).
     pub state: &'static str,
-    /// Leaf serial number (hex), when a certificate is held.
+    /// Leaf serial number (decimal, as ztunnel's), when a certificate is held.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub serial_number: Option<String>,
     /// Leaf not-before (RFC 3339).
@@ -123,8 +123,8 @@ pub struct CertificateDump {
     pub expiration_time: Option<String>,
     /// The chain as issued (leaf first).
     pub cert_chain: Vec<CertSummary>,
-    /// Trust roots (PEM).
-    pub root_certs: Vec<String>,
+    /// Trust roots (ztunnel's shape: each with its PEM, serial number and validity).
+    pub root_certs: Vec<CertSummary>,
     /// A CA call is in flight (or queued) for it, at this priority.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pending: Option<Priority>,
@@ -452,7 +452,9 @@ impl SecretManager {
                     valid_from: cert.map(|c| rfc3339(c.not_before())),
                     expiration_time: cert.map(|c| rfc3339(c.not_after())),
                     cert_chain: cert.map(|c| c.summaries().to_vec()).unwrap_or_default(),
-                    root_certs: cert.map(|c| c.root_pems().to_vec()).unwrap_or_default(),
+                    root_certs: cert
+                        .map(|c| c.root_summaries().to_vec())
+                        .unwrap_or_default(),
                     pending: e.pending.as_ref().map(|p| p.priority.get()),
                     consecutive_failures: e.failures,
                     next_refresh: e

@@ -259,3 +259,31 @@ async fn retain_prefetches_new_identities_and_forgets_old_ones() {
     let err = waiting.await.unwrap().unwrap_err();
     assert!(matches!(err, Error::Forgotten(_)), "{err}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_dump_has_ztunnels_certificate_shape() {
+    let ca = TestCa::new(Duration::ZERO, false);
+    let m = SecretManager::new(ca.clone(), cfg(&ca));
+    let cert = m.fetch(&id("dump")).await.unwrap();
+    let d = serde_json::to_value(&m.dump()[0]).unwrap();
+    assert_eq!(d["state"], "Available", "{d}");
+    // Decimal serial numbers (istioctl parses them base 10), the leaf's as the chain's first.
+    let leaf = &d["certChain"][0];
+    assert_eq!(leaf["serialNumber"], cert.serial(), "{d}");
+    assert!(
+        cert.serial().bytes().all(|b| b.is_ascii_digit()),
+        "{}",
+        cert.serial()
+    );
+    // Roots are objects with their PEM, serial number and validity, not bare PEM strings.
+    let root = &d["rootCerts"][0];
+    for k in ["pem", "serialNumber", "validFrom", "expirationTime"] {
+        assert!(root[k].as_str().is_some_and(|s| !s.is_empty()), "{k}: {d}");
+    }
+    assert!(
+        root["pem"]
+            .as_str()
+            .unwrap()
+            .starts_with("-----BEGIN CERTIFICATE-----")
+    );
+}

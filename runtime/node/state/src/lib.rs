@@ -5,6 +5,7 @@
 //! into the model (`xds`).
 
 mod balance;
+mod dump;
 pub mod local;
 pub mod mesh;
 pub mod model;

@@ -38,7 +38,8 @@ pub struct Workload {
     pub service_account: String,
     /// Trust domain (default `cluster.local`).
     pub trust_domain: String,
-    /// IP addresses.
+    /// IP addresses (`workloadIps`, as ztunnel and the local config file name them).
+    #[serde(rename = "workloadIps")]
     pub addresses: Vec<IpAddr>,
     /// Network name (empty: the default network).
     pub network: String,
@@ -52,7 +53,9 @@ pub struct Workload {
     pub network_gateway: Option<GatewayAddress>,
     /// Services this workload backs: `namespace/hostname` → service port → target port.
     pub services: BTreeMap<String, BTreeMap<u16, u16>>,
-    /// Whether it is healthy (unhealthy workloads are not picked as service endpoints).
+    /// Whether it is healthy (unhealthy workloads are not picked as service endpoints); dumped as ztunnel's
+    /// `status` (`Healthy` / `Unhealthy`).
+    #[serde(rename = "status", serialize_with = "health_status")]
     pub healthy: bool,
     /// How inbound HBONE traffic is handed to the application, when not as plain TCP to the CONNECT port
     /// (ztunnel's `applicationTunnel`; xDS `Workload.application_tunnel`).
@@ -156,9 +159,12 @@ pub struct Service {
     pub namespace: String,
     /// Hostname (e.g. `echo.default.svc.cluster.local`).
     pub hostname: String,
-    /// Virtual IPs, each with its network.
+    /// Virtual IPs, each with its network (dumped as ztunnel's `network/IP` strings).
+    #[serde(serialize_with = "network_slashed")]
     pub vips: Vec<(String, IpAddr)>,
-    /// Virtual address ranges, each with its network (an xDS address with a prefix length).
+    /// Virtual address ranges, each with its network (an xDS address with a prefix length; dumped as ztunnel's
+    /// `network/CIDR` strings).
+    #[serde(serialize_with = "network_slashed")]
     pub cidr_vips: Vec<(String, IpNet)>,
     /// Service port → target port (0 = same as the service port, or as the endpoint declares).
     pub ports: BTreeMap<u16, u16>,
@@ -175,7 +181,8 @@ pub struct Service {
     pub waypoint: Option<GatewayAddress>,
     /// Weighted waypoints (preferred over `waypoint` when their weights sum above 0).
     pub weighted_waypoints: Vec<WeightedWaypoint>,
-    /// Load-balancing settings.
+    /// Load-balancing settings (ztunnel's `loadBalancer`).
+    #[serde(rename = "loadBalancer")]
     pub load_balancing: Option<LoadBalancing>,
     /// Whether traffic from ingress goes through the waypoint.
     pub ingress_use_waypoint: bool,
@@ -242,9 +249,8 @@ pub enum Visibility {
     Namespace,
 }
 
-/// Where a policy applies.
+/// Where a policy applies (dumped as ztunnel's `Global` / `Namespace` / `WorkloadSelector`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
 pub enum PolicyScope {
     /// Every workload in the mesh (policies in the root namespace).
     Global,
@@ -254,9 +260,8 @@ pub enum PolicyScope {
     WorkloadSelector,
 }
 
-/// What a matching policy does.
+/// What a matching policy does (dumped as ztunnel's `Allow` / `Deny`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
 pub enum PolicyAction {
     /// Allow matching connections (and deny non-matching ones, when any ALLOW applies).
     Allow,
@@ -264,9 +269,8 @@ pub enum PolicyAction {
     Deny,
 }
 
-/// A string match on a principal or namespace.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
+/// A string match on a principal or namespace. Dumped as ztunnel's: `{"Exact": "..."}`, ..., `{"Presence": []}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StringMatch {
     /// Equal.
     Exact(String),
@@ -276,6 +280,33 @@ pub enum StringMatch {
     Suffix(String),
     /// Any non-empty value.
     Presence,
+}
+
+impl Serialize for StringMatch {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeTupleVariant;
+        match self {
+            StringMatch::Exact(v) => s.serialize_newtype_variant("StringMatch", 0, "Exact", v),
+            StringMatch::Prefix(v) => s.serialize_newtype_variant("StringMatch", 1, "Prefix", v),
+            StringMatch::Suffix(v) => s.serialize_newtype_variant("StringMatch", 2, "Suffix", v),
+            // ztunnel's `Presence()`, an empty tuple variant.
+            StringMatch::Presence => s
+                .serialize_tuple_variant("StringMatch", 3, "Presence", 0)?
+                .end(),
+        }
+    }
+}
+
+fn health_status<S: serde::Serializer>(healthy: &bool, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(if *healthy { "Healthy" } else { "Unhealthy" })
+}
+
+/// `[(network, address)]` as ztunnel's `["network/address"]`.
+fn network_slashed<S: serde::Serializer, A: std::fmt::Display>(
+    v: &[(String, A)],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_seq(v.iter().map(|(network, a)| format!("{network}/{a}")))
 }
 
 /// A service-account match (trust domain ignored).

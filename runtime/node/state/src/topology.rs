@@ -90,7 +90,6 @@ pub enum NetworkMode {
 
 /// A tier of locality-aware endpoint picking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
 pub enum LbScope {
     /// Same region.
     Region,
@@ -108,7 +107,6 @@ pub enum LbScope {
 
 /// How routing preferences apply.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
 pub enum LbMode {
     /// No preference (xDS `UNSPECIFIED_MODE`).
     #[default]
@@ -123,7 +121,6 @@ pub enum LbMode {
 
 /// Which endpoints may be picked.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
 pub enum LbHealthPolicy {
     /// Healthy endpoints only.
     #[default]
@@ -136,7 +133,8 @@ pub enum LbHealthPolicy {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LoadBalancing {
-    /// Preference tiers, in order.
+    /// Preference tiers, in order (ztunnel's `routingPreferences`).
+    #[serde(rename = "routingPreferences")]
     pub routing_preference: Vec<LbScope>,
     /// How they apply.
     pub mode: LbMode,
