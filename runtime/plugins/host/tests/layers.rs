@@ -1,15 +1,15 @@
-//! The crate's layers hold: every file under `src/` sits in a layer (its top-level directory), and a layer refers
-//! only to itself and the layers below it, so the crate has no import cycle between layers and a reader can learn
-//! it bottom-up.
+//! The crate's layers hold: every file under `src/` sits in a layer (its top-level directory), a layer refers only
+//! to itself and the layers below it, and the files of one layer refer to each other without a cycle. So the crate
+//! has no import cycle at all, and a reader can learn it bottom-up.
 //!
-//! A reference is a path through `crate::` (in a `use` or inline, grouped `crate::{a, b}` too) or through
-//! `super::` that climbs to the crate root. A path to a root item that is not a layer (`crate::PluginHost`: the
-//! root's re-exports, which gather every layer) counts as the top layer. `lib.rs` (the root: it declares the layers
-//! and re-exports the public API) is not checked, nor are comments, string literals, or a file's trailing
-//! `#[cfg(test)] mod tests` (unit tests may use anything, as the integration tests do).
+//! A reference is a path through `crate::` (in a `use` or inline, grouped `crate::{a, b::{c, d}}` too) or through
+//! `super::` that climbs to the crate root or to the file's layer. A path to a root item that is not a layer
+//! (`crate::PluginHost`: the root's re-exports, which gather every layer) counts as the top layer. `lib.rs` (the
+//! root: it declares the layers and re-exports the public API) is not checked, nor are comments, string literals,
+//! or a file's trailing `#[cfg(test)] mod tests` (unit tests may use anything, as the integration tests do).
 #![allow(clippy::unwrap_used)] // a test panics to fail
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// The layers, bottom first: each may refer to the ones above it in this table, never to one below.
@@ -51,26 +51,6 @@ const LAYERS: &[(&str, &str)] = &[
 
 fn rank(layer: &str) -> Option<usize> {
     LAYERS.iter().position(|(name, _)| *name == layer)
-}
-
-/// A reference from one file to a layer that is above the file's own.
-#[derive(Debug, PartialEq, Eq)]
-struct Violation {
-    file: String,
-    line: usize,
-    path: String,
-    from: String,
-    to: String,
-}
-
-impl std::fmt::Display for Violation {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}:{}: `{}` — layer `{}` refers to `{}`, which is above it",
-            self.file, self.line, self.path, self.from, self.to
-        )
-    }
 }
 
 /// `src` with comments, string and char literals blanked (newlines kept, so lines still count).
@@ -222,39 +202,54 @@ fn ident_at(code: &[char], mut i: usize) -> (String, usize) {
     (code[start..i].iter().collect(), i)
 }
 
-/// The first segments of the paths in a `{…}` group starting at `i` (just after the `{`).
-fn group_heads(code: &[char], mut i: usize) -> Vec<String> {
-    let mut heads = Vec::new();
+/// Where each path in a `{…}` group starting at `i` (just after the `{`) begins.
+fn group_items(code: &[char], mut i: usize) -> Vec<usize> {
+    let mut starts = Vec::new();
     let mut depth = 0;
-    let mut expect_head = true;
+    let mut expect = true;
     while i < code.len() {
         match code[i] {
-            '{' => {
-                depth += 1;
-                i += 1;
-            }
             '}' if depth == 0 => break,
-            '}' => {
-                depth -= 1;
-                i += 1;
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => expect = true,
+            c if c.is_whitespace() => {}
+            _ if expect => {
+                starts.push(i);
+                expect = false;
             }
-            ',' if depth == 0 => {
-                expect_head = true;
-                i += 1;
-            }
-            c if c.is_whitespace() => i += 1,
-            _ if expect_head && depth == 0 => {
-                let (id, j) = ident_at(code, i);
-                if !id.is_empty() {
-                    heads.push(id);
-                }
-                expect_head = false;
-                i = j.max(i + 1);
-            }
-            _ => i += 1,
+            _ => {}
+        }
+        i += 1;
+    }
+    starts
+}
+
+/// The first `need` segments of every path that starts at `i` (groups `a::{b, c::d}` expanded).
+fn paths_at(code: &[char], mut i: usize, need: usize) -> Vec<Vec<String>> {
+    while code.get(i).is_some_and(|c| c.is_whitespace()) {
+        i += 1;
+    }
+    if code.get(i) == Some(&'{') {
+        return group_items(code, i + 1)
+            .into_iter()
+            .flat_map(|start| paths_at(code, start, need))
+            .collect();
+    }
+    let (id, j) = ident_at(code, i);
+    if id.is_empty() {
+        return Vec::new();
+    }
+    if need > 1 && code.get(j) == Some(&':') && code.get(j + 1) == Some(&':') {
+        let rest = paths_at(code, j + 2, need - 1);
+        if !rest.is_empty() {
+            return rest
+                .into_iter()
+                .map(|r| std::iter::once(id.clone()).chain(r).collect())
+                .collect();
         }
     }
-    heads
+    vec![vec![id]]
 }
 
 /// How many inline `mod name { … }` blocks enclose each position of `code` (their `super::` climbs one less).
@@ -283,8 +278,17 @@ fn inline_mod_depths(code: &[char]) -> Vec<usize> {
     depths
 }
 
-/// Every (line, path as written, top-level module it reaches) in `code` of a file whose module path is `module`.
-fn references(code: &str, module: &[String]) -> Vec<(usize, String, String)> {
+/// A path in a file, resolved from the crate root to at most two segments: the top-level module (a layer, or a
+/// root item) and, below it, the module of that layer it names.
+#[derive(Debug)]
+struct Reference {
+    line: usize,
+    written: String,
+    to: Vec<String>,
+}
+
+/// Every path in `code` (of a file whose module path is `module`) that reaches the crate root or the file's layer.
+fn references(code: &str, module: &[String]) -> Vec<Reference> {
     let chars: Vec<char> = code.chars().collect();
     let depths = inline_mod_depths(&chars);
     let line_of = |i: usize| chars[..i].iter().filter(|c| **c == '\n').count() + 1;
@@ -295,17 +299,8 @@ fn references(code: &str, module: &[String]) -> Vec<(usize, String, String)> {
             chars[i..].iter().take(word.len()).copied().eq(word.chars())
                 && !ident_char(chars.get(i.wrapping_sub(1)))
         };
-        if starts("crate::") {
-            let after = i + "crate::".len();
-            if chars.get(after) == Some(&'{') {
-                for head in group_heads(&chars, after + 1) {
-                    out.push((line_of(i), format!("crate::{{{head}, …}}"), head));
-                }
-            } else {
-                let (head, _) = ident_at(&chars, after);
-                out.push((line_of(i), format!("crate::{head}"), head));
-            }
-            i = after;
+        let (prefix, from_root, after) = if starts("crate::") {
+            ("crate::".to_string(), Some(Vec::new()), i + "crate::".len())
         } else if starts("super::") {
             let mut ups = 0;
             let mut j = i;
@@ -313,53 +308,124 @@ fn references(code: &str, module: &[String]) -> Vec<(usize, String, String)> {
                 ups += 1;
                 j += 7;
             }
-            if ups >= module.len() + depths[i] {
-                // Climbs to the crate root: the next segment is a top-level module.
-                let (head, _) = ident_at(&chars, j);
-                out.push((line_of(i), format!("{}{head}", "super::".repeat(ups)), head));
-            }
-            i = j;
+            // Where the climb ends, counted in modules below the root: the file's own module path plus the inline
+            // modules around the path, less one per `super`.
+            let level = (module.len() + depths[i]).saturating_sub(ups);
+            let base = match level {
+                0 => Some(Vec::new()),
+                1 => Some(vec![module[0].clone()]),
+                _ => None, // inside the file
+            };
+            ("super::".repeat(ups), base, j)
         } else {
             i += 1;
+            continue;
+        };
+        if let Some(base) = from_root {
+            for tail in paths_at(&chars, after, 2 - base.len()) {
+                let to: Vec<String> = base.iter().cloned().chain(tail).take(2).collect();
+                let written = format!("{prefix}{}", to[base.len()..].join("::"));
+                out.push(Reference {
+                    line: line_of(i),
+                    written,
+                    to,
+                });
+            }
         }
+        i = after;
     }
     out
 }
 
-/// The violations in one file (`rel`: its path under `src/`).
-fn check_file(rel: &Path, src: &str) -> Result<Vec<Violation>, String> {
-    if rel == Path::new("lib.rs") {
-        return Ok(Vec::new());
-    }
-    let module = module_path(rel);
-    let Some(own) = module.first() else {
-        return Ok(Vec::new());
-    };
-    let Some(own_rank) = rank(own) else {
-        return Err(format!(
-            "src/{} is in no layer: put it in a layer's directory, or add its directory to LAYERS",
-            rel.display()
-        ));
-    };
-    let code = code_only(src);
+/// What is wrong with a set of files (path under `src/`, text): files in no layer, references up the table, and
+/// cycles between the files of one layer.
+fn problems(files: &[(PathBuf, String)]) -> Vec<String> {
     let mut found = Vec::new();
-    for (line, path, head) in references(without_unit_tests(&code), &module) {
-        // A root item that is no layer is one of the root's re-exports: the top.
-        let (to, to_rank) = match rank(&head) {
-            Some(r) => (head, r),
-            None => (format!("the crate root's `{head}`"), LAYERS.len() - 1),
+    // Per layer: file → the files of the same layer it refers to.
+    let mut edges: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    for (rel, src) in files {
+        if rel == Path::new("lib.rs") {
+            continue;
+        }
+        let module = module_path(rel);
+        let own = &module[0];
+        let Some(own_rank) = rank(own) else {
+            found.push(format!(
+                "src/{} is in no layer: put it in a layer's directory, or add its directory to LAYERS",
+                rel.display()
+            ));
+            continue;
         };
-        if to_rank > own_rank {
-            found.push(Violation {
-                file: format!("src/{}", rel.display()),
-                line,
-                path,
-                from: own.clone(),
-                to,
-            });
+        let own_file = module.get(1).cloned().unwrap_or_default();
+        let layer_edges = edges.entry(own.clone()).or_default();
+        layer_edges.entry(own_file.clone()).or_default();
+        let code = code_only(src);
+        for r in references(without_unit_tests(&code), &module) {
+            let head = &r.to[0];
+            // A root item that is no layer is one of the root's re-exports: the top.
+            let (to, to_rank) = match rank(head) {
+                Some(rank) => (format!("`{head}`"), rank),
+                None => (format!("the crate root's `{head}`"), LAYERS.len() - 1),
+            };
+            if to_rank > own_rank {
+                found.push(format!(
+                    "src/{}:{}: `{}` — layer `{own}` refers to {to}, which is above it",
+                    rel.display(),
+                    r.line,
+                    r.written
+                ));
+            } else if head == own
+                && let Some(sibling) = r.to.get(1)
+                && *sibling != own_file
+            {
+                layer_edges
+                    .entry(own_file.clone())
+                    .or_default()
+                    .insert(sibling.clone());
+            }
         }
     }
-    Ok(found)
+    for (layer, graph) in &edges {
+        if let Some(cycle) = find_cycle(graph) {
+            found.push(format!(
+                "layer `{layer}` has an import cycle between its files: {}",
+                cycle.join(" → ")
+            ));
+        }
+    }
+    found
+}
+
+/// A cycle in `graph`, as the files along it (first repeated at the end), if there is one.
+fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|n| n == node) {
+            let mut cycle = path[at..].to_vec();
+            cycle.push(node.to_string());
+            return Some(cycle);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.to_string());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(c) = visit(next, graph, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(node.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|n| visit(n, graph, &mut Vec::new(), &mut done))
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -373,50 +439,53 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// No layer refers to one above it, and every file is in a layer.
+/// No layer refers to one above it, every file is in a layer, the files of a layer have no cycle, and every layer
+/// of the table exists.
 #[test]
 fn each_layer_refers_only_to_itself_and_the_layers_below() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
-    files.sort();
-    let mut problems = Vec::new();
-    let mut per_layer: BTreeMap<usize, usize> = BTreeMap::new();
-    for file in &files {
-        let rel = file.strip_prefix(&src).unwrap();
-        let text = std::fs::read_to_string(file).unwrap();
-        match check_file(rel, &text) {
-            Ok(v) => problems.extend(v.iter().map(ToString::to_string)),
-            Err(e) => problems.push(e),
-        }
-        if let Some(r) = module_path(rel).first().and_then(|l| rank(l)) {
-            *per_layer.entry(r).or_default() += 1;
-        }
-    }
+    let mut paths = Vec::new();
+    rust_files(&src, &mut paths);
+    paths.sort();
+    let files: Vec<(PathBuf, String)> = paths
+        .iter()
+        .map(|p| {
+            let rel = p.strip_prefix(&src).unwrap().to_path_buf();
+            (rel, std::fs::read_to_string(p).unwrap())
+        })
+        .collect();
+    let found = problems(&files);
     assert!(
-        problems.is_empty(),
+        found.is_empty(),
         "the layers (bottom first: {}) do not hold:\n{}",
         LAYERS
             .iter()
             .map(|(n, _)| *n)
             .collect::<Vec<_>>()
             .join(" < "),
-        problems.join("\n")
+        found.join("\n")
     );
-    // Every layer in the table exists (a renamed directory would otherwise leave its files unchecked... and fail
-    // above; a stale row would quietly allow a name nobody uses).
-    for (r, (name, _)) in LAYERS.iter().enumerate() {
+    // A stale row would quietly allow a name nobody uses.
+    for (name, _) in LAYERS {
         assert!(
-            per_layer.contains_key(&r),
+            files.iter().any(|(rel, _)| module_path(rel)[0] == *name),
             "layer `{name}` has no file under src/"
         );
     }
 }
 
-/// The checker itself: it catches a reference up the table in every form it reads, and lets the allowed ones by.
+/// The checker itself: it catches a reference up the table in every form it reads and a cycle inside a layer, and
+/// lets the allowed references by.
 #[test]
-fn the_checker_catches_references_up_the_table() {
-    let up = |rel: &str, src: &str| check_file(Path::new(rel), src).unwrap().len();
+fn the_checker_catches_references_up_the_table_and_cycles_in_a_layer() {
+    let found = |files: &[(&str, &str)]| {
+        let files: Vec<(PathBuf, String)> = files
+            .iter()
+            .map(|(p, s)| (PathBuf::from(p), s.to_string()))
+            .collect();
+        problems(&files)
+    };
+    let up = |rel: &str, src: &str| found(&[(rel, src)]).len();
     assert_eq!(
         up("base/config.rs", "use crate::lifecycle::rollout::Clock;"),
         1
@@ -444,7 +513,11 @@ fn the_checker_catches_references_up_the_table() {
         up("sandbox/store.rs", "let e = crate::LoadError::Internal(x);"),
         1
     );
-    // Allowed: itself, below, comments, strings, unit tests, doc links.
+    assert_eq!(
+        up("wit.rs", "pub mod policy {\n}\nuse super::host::X;\n"),
+        1
+    );
+    // Allowed: itself, below, comments, strings, unit tests, inline modules, the root's own file.
     assert_eq!(
         up(
             "guest/instance.rs",
@@ -470,10 +543,7 @@ fn the_checker_catches_references_up_the_table() {
         ),
         0
     );
-    assert_eq!(
-        up("testing/mod.rs", "use crate::{HostConfig, PluginHost};"),
-        0
-    );
+    assert_eq!(up("testing.rs", "use crate::{HostConfig, PluginHost};"), 0);
     assert_eq!(
         up(
             "wit.rs",
@@ -481,13 +551,23 @@ fn the_checker_catches_references_up_the_table() {
         ),
         0
     );
-    assert_eq!(
-        up("wit.rs", "pub mod policy {\n}\nuse super::host::X;\n"),
-        1
-    );
     assert_eq!(up("lib.rs", "use crate::host::PluginHost;"), 0);
-    assert!(
-        check_file(Path::new("plugin.rs"), "").is_err(),
-        "a file in no layer"
-    );
+    assert_eq!(up("plugin.rs", ""), 1, "a file in no layer");
+    // Cycles between the files of a layer, however the paths are written.
+    let cycle = found(&[
+        ("sandbox/store.rs", "use super::wasi::WasiState;"),
+        (
+            "sandbox/wasi.rs",
+            "use crate::sandbox::{budget::B, store::StoreData};",
+        ),
+        ("sandbox/budget.rs", ""),
+    ]);
+    assert_eq!(cycle.len(), 1, "{cycle:?}");
+    assert!(cycle[0].contains("store → wasi → store"), "{cycle:?}");
+    let chain = found(&[
+        ("sandbox/store.rs", "use super::wasi::WasiState;"),
+        ("sandbox/wasi.rs", "use crate::sandbox::budget::B;"),
+        ("sandbox/budget.rs", ""),
+    ]);
+    assert!(chain.is_empty(), "{chain:?}");
 }

@@ -11,7 +11,6 @@ use weft_state::PluginKind;
 
 use super::budget::Budget;
 use super::limiter::{Limiter, LogLimiter};
-use super::wasi::WasiState;
 use crate::metrics::host::{HostMetrics, PluginCounters};
 use crate::metrics::plugin::{MetricFamily, MetricsHub, PluginMetrics, Series};
 use crate::wit::bindings::WorkloadRes;
@@ -73,6 +72,13 @@ impl PluginCtx {
             epoch_start: limits.epoch_start,
         })
     }
+}
+
+/// Per-instance WASI state: the unfinished line of stdout and of stderr.
+#[derive(Debug, Default)]
+pub(crate) struct WasiState {
+    pub(super) stdout: Vec<u8>,
+    pub(super) stderr: Vec<u8>,
 }
 
 /// The data of one instance's store.

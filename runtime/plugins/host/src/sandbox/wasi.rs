@@ -70,13 +70,6 @@ enum StreamError {
     Closed,
 }
 
-/// Per-instance WASI state: the unfinished line of stdout and of stderr.
-#[derive(Debug, Default)]
-pub(crate) struct WasiState {
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
-}
-
 /// Defines the locked-down WASI for whatever WASI the component imports. Returns the imports it refuses.
 pub(crate) fn define(
     engine: &Engine,
