@@ -21,7 +21,7 @@
 //! `weft_plugin_rollbacks_total{plugin}`, reported on [`PluginHost::rollbacks`], and refused until different code
 //! arrives. [`PluginHost::wait_applied`] tells a config source what became of the state version it produced.
 
-// The layers, bottom first; each uses only the ones above it here (`tests/layers.rs` holds this).
+// The layers, bottom first: each uses only itself and the ones declared before it (`tests/layers.rs` holds this).
 mod base;
 mod guest;
 mod host;
