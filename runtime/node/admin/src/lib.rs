@@ -33,6 +33,10 @@ pub trait AdminHandler: Send + Sync + 'static {
     fn log_level(&self) -> String;
     /// Replace the log filter (`info`, `weft_proxy=debug,info`, ...); returns the new filter.
     fn set_log_level(&self, level: &str) -> Result<String, String>;
+    /// The filter `POST /logging?reset` goes back to.
+    fn default_log_level(&self) -> String {
+        "info".to_owned()
+    }
     /// Prometheus text exposition of every metric.
     fn metrics(&self) -> String;
     /// Start a graceful shutdown (drain).
@@ -227,11 +231,114 @@ fn text(status: StatusCode, body: impl Into<Bytes>, ctype: &'static str) -> Resp
     r
 }
 
-fn query_param<'a>(req: &'a Request<Incoming>, key: &str) -> Option<&'a str> {
-    req.uri()
-        .query()?
-        .split('&')
-        .find_map(|kv| kv.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+/// The (percent-decoded) value of `key` in the query string; `Some("")` for a bare `key`.
+fn query_param(req: &Request<Incoming>, key: &str) -> Option<String> {
+    req.uri().query()?.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        (percent_decode(k) == key).then(|| percent_decode(v))
+    })
+}
+
+/// `application/x-www-form-urlencoded` decoding: `+` is a space, `%XX` a byte.
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => match std::str::from_utf8(&b[i + 1..i + 3])
+                .ok()
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+            {
+                Some(v) => {
+                    out.push(v);
+                    i += 2;
+                }
+                None => out.push(b'%'),
+            },
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// What `/logging` answers to a bad method or level (ztunnel's usage text, with weft's filter syntax).
+const LOGGING_HELP: &str = "usage: POST /logging\t\t\t\t\t\t(To list current level)
+usage: POST /logging?level=<level>\t\t\t\t(To change global levels)
+usage: POST /logging?level={mod1}={level1},{mod2}={level2}\t(To change specific mods' logging level)
+usage: POST /logging?reset[&level=...]\t\t\t\t(To go back to the default, then apply level)
+
+hint: loglevel:\terror|warn|info|debug|trace|off
+hint: mod_name:\tthe module name, i.e. weft_proxy
+";
+
+const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+
+/// ztunnel's check of a `level=` value: each comma-separated clause is a level or `<module>=<level>`.
+fn validate_level(level: &str) -> Result<(), String> {
+    for clause in level.split(',') {
+        let lvl = clause.rsplit_once('=').map_or(clause, |(_, l)| l);
+        let module_ok = clause
+            .split_once('=')
+            .is_none_or(|(m, _)| !m.is_empty() && !m.contains(char::is_whitespace));
+        if !LEVELS.contains(&lvl.to_ascii_lowercase().as_str()) || !module_ok {
+            return Err(format!("level {clause} is invalid"));
+        }
+    }
+    Ok(())
+}
+
+/// `base` with the clauses of `change` applied, as ztunnel's `set_level` does (current, then the change): a
+/// clause for a module replaces that module's clause, a bare level replaces the default; the rest stays.
+fn merge_filter(base: &str, change: &str) -> String {
+    let target = |c: &str| c.split_once('=').map(|(m, _)| m.to_owned());
+    let mut clauses: Vec<String> = base
+        .split(',')
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .map(str::to_owned)
+        .collect();
+    for c in change.split(',').map(str::trim).filter(|c| !c.is_empty()) {
+        let t = target(c);
+        clauses.retain(|old| target(old) != t);
+        clauses.push(c.to_owned());
+    }
+    clauses.join(",")
+}
+
+/// `POST /logging`, as ztunnel's: no (or an empty) `level` lists the current filter; `level=...` changes the
+/// modules it names (a bare level: the default) and lists the result; `reset` first goes back to the default.
+fn logging(h: &dyn AdminHandler, level: Option<String>, reset: bool) -> (StatusCode, String) {
+    let list = |f: String| (StatusCode::OK, format!("current log level is {f}\n"));
+    let level = level.unwrap_or_default();
+    if level.is_empty() && !reset {
+        return list(h.log_level());
+    }
+    if !level.is_empty()
+        && let Err(e) = validate_level(&level)
+    {
+        return (
+            StatusCode::BAD_REQUEST,
+            format!("Invalid level provided: {level} ({e})\n{LOGGING_HELP}"),
+        );
+    }
+    let base = if reset {
+        h.default_log_level()
+    } else {
+        h.log_level()
+    };
+    match h.set_log_level(&merge_filter(&base, &level)) {
+        Ok(now) => {
+            tracing::info!(filter = %now, "log level changed");
+            list(now)
+        }
+        Err(e) => (
+            StatusCode::BAD_REQUEST,
+            format!("Failed to set new level: {e}\n{LOGGING_HELP}"),
+        ),
+    }
 }
 
 async fn route(
@@ -268,27 +375,21 @@ async fn route(
         (Server::Admin, &Method::GET, "/logging") => {
             text(StatusCode::OK, format!("{}\n", h.log_level()), PLAIN)
         }
-        (Server::Admin, &Method::POST, "/logging") => match query_param(&req, "level") {
-            Some(level) => match h.set_log_level(level) {
-                Ok(now) => {
-                    tracing::info!(filter = %now, "log level changed");
-                    text(StatusCode::OK, format!("{now}\n"), PLAIN)
-                }
-                Err(e) => text(StatusCode::BAD_REQUEST, format!("{e}\n"), PLAIN),
-            },
-            None => text(
-                StatusCode::BAD_REQUEST,
-                "usage: POST /logging?level=<filter>\n",
-                PLAIN,
-            ),
-        },
+        (Server::Admin, &Method::POST, "/logging") => {
+            let (status, body) = logging(
+                h,
+                query_param(&req, "level"),
+                query_param(&req, "reset").is_some(),
+            );
+            text(status, body, PLAIN)
+        }
         (Server::Admin, &Method::POST, "/quitquitquit") => {
             h.quit();
             text(StatusCode::OK, "draining\n", PLAIN)
         }
         (Server::Admin, &Method::GET, "/") => text(
             StatusCode::OK,
-            "GET /config_dump\nGET /logging\nPOST /logging?level=<filter>\nPOST /quitquitquit\n",
+            "GET /config_dump\nGET /logging\nPOST /logging[?level=<filter>][&reset]\nPOST /quitquitquit\n",
             PLAIN,
         ),
         _ => text(StatusCode::NOT_FOUND, "not found\n", PLAIN),
@@ -319,6 +420,78 @@ mod tests {
             String::new()
         }
         fn quit(&self) {}
+    }
+
+    /// A handler whose filter is a string.
+    struct Filter(std::sync::Mutex<String>);
+
+    impl AdminHandler for Filter {
+        fn config_dump(&self) -> serde_json::Value {
+            serde_json::json!({})
+        }
+        fn readiness(&self) -> Result<(), Vec<String>> {
+            Ok(())
+        }
+        fn log_level(&self) -> String {
+            self.0.lock().unwrap().clone()
+        }
+        fn set_log_level(&self, level: &str) -> Result<String, String> {
+            *self.0.lock().unwrap() = level.to_owned();
+            Ok(level.to_owned())
+        }
+        fn metrics(&self) -> String {
+            String::new()
+        }
+        fn quit(&self) {}
+    }
+
+    #[test]
+    fn logging_lists_changes_and_resets_as_ztunnel() {
+        let h = Filter(std::sync::Mutex::new("weft_proxy=debug,info".to_owned()));
+        // No level, or `level=` (what `istioctl ztunnel-config log` sends with no --level): a listing, no change.
+        for level in [None, Some(String::new())] {
+            let (st, body) = logging(&h, level, false);
+            assert_eq!(st, StatusCode::OK);
+            assert_eq!(body, "current log level is weft_proxy=debug,info\n");
+        }
+        // A bare level replaces the default, a module's level that module's clause; the rest stays.
+        let (st, body) = logging(&h, Some("warn".into()), false);
+        assert_eq!(
+            (st, body.as_str()),
+            (
+                StatusCode::OK,
+                "current log level is weft_proxy=debug,warn\n"
+            )
+        );
+        let (_, body) = logging(&h, Some("weft_proxy=trace,weft_dns=error".into()), false);
+        assert_eq!(
+            body,
+            "current log level is warn,weft_proxy=trace,weft_dns=error\n"
+        );
+        // Reset goes back to the default, then applies the level.
+        let (_, body) = logging(&h, Some("debug".into()), true);
+        assert_eq!(body, "current log level is debug\n");
+        let (_, body) = logging(&h, None, true);
+        assert_eq!(body, "current log level is info\n");
+        // A bad level: 400 with the reason; the filter is unchanged.
+        for bad in ["verbose", "weft_proxy=loud", "=debug", "access:debug"] {
+            let (st, body) = logging(&h, Some(bad.into()), false);
+            assert_eq!(st, StatusCode::BAD_REQUEST, "{bad}: {body}");
+            assert!(
+                body.starts_with(&format!("Invalid level provided: {bad}")),
+                "{body}"
+            );
+        }
+        assert_eq!(h.log_level(), "info");
+    }
+
+    #[test]
+    fn query_values_are_form_decoded() {
+        assert_eq!(
+            percent_decode("weft_proxy%3Ddebug%2Cinfo"),
+            "weft_proxy=debug,info"
+        );
+        assert_eq!(percent_decode("a+b%zz%4"), "a b%zz%4");
     }
 
     #[tokio::test]

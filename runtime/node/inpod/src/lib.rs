@@ -4,6 +4,7 @@
 //! ([`netns`]); deletes and snapshot reconciliation drain pods ([`manager`]). This is the only crate that calls
 //! `setns`, and never on a tokio worker.
 
+pub mod admin;
 pub mod client;
 pub mod dns;
 pub mod manager;

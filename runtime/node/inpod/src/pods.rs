@@ -106,6 +106,10 @@ impl Describe for PodListeners {
             "netns": self.thread.netns_id().to_string(),
         })
     }
+
+    fn connections(&self) -> Vec<weft_proxy::LiveConnection> {
+        self.proxy.tracker().live()
+    }
 }
 
 /// Whether IPv6 sockets work in the current namespace (then listeners bind `[::]` and take IPv4 too).

@@ -41,6 +41,10 @@ impl PodState {
 pub trait Describe: Send + Sync {
     /// A JSON object for `/config_dump`.
     fn describe(&self) -> Value;
+    /// The pod's live connections (`/config_dump`'s `workloadState`).
+    fn connections(&self) -> Vec<weft_proxy::LiveConnection> {
+        Vec::new()
+    }
 }
 
 struct Entry {
@@ -278,6 +282,21 @@ impl Status {
             ));
         }
         out
+    }
+
+    /// Every pod (draining ones too), with its state and live connections.
+    pub fn pods(&self) -> Vec<(PodInfo, PodState, Vec<weft_proxy::LiveConnection>)> {
+        self.lock()
+            .values()
+            .map(|e| {
+                let conns = e
+                    .detail
+                    .as_ref()
+                    .map(|d| d.connections())
+                    .unwrap_or_default();
+                (e.info.clone(), e.state, conns)
+            })
+            .collect()
     }
 
     /// The `/config_dump` section.

@@ -99,7 +99,14 @@ impl Inner {
     {
         async move {
             let ctl = Arc::new(ConnControl::default());
-            let _guard = self.tracker.register(record.clone(), ctl.clone());
+            // Where an outbound connection actually went: the HBONE address it dialled (inbound: the workload).
+            let actual_dst = match record.direction {
+                Direction::Outbound => via.hbone_addr,
+                Direction::Inbound => None,
+            };
+            let _guard = self
+                .tracker
+                .register_to(record.clone(), ctl.clone(), actual_dst);
             if self.tracker.policy_epoch() != epoch
                 && let v @ Verdict::Deny { .. } = self.hooks.authorize(&record)
             {

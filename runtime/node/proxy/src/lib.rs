@@ -37,7 +37,7 @@ pub use config::{InboundBind, LocalPod, OriginalSource, ProxyConfig};
 pub use metrics::ProxyMetrics;
 pub use outbound::PoolKey;
 pub use socket::SocketFactory;
-pub use tracker::ConnTracker;
+pub use tracker::{ConnTracker, LiveConnection};
 pub use weft_tls::RecordLayer;
 
 /// Errors starting the data path.

@@ -93,6 +93,18 @@ impl ConnControl {
 struct Tracked {
     record: Arc<ConnectionRecord>,
     ctl: Arc<ConnControl>,
+    /// Where it actually went, when not `record.dst` (see [`LiveConnection::actual_dst`]).
+    actual_dst: Option<std::net::SocketAddr>,
+}
+
+/// A live connection, as `/config_dump` lists it.
+#[derive(Debug, Clone)]
+pub struct LiveConnection {
+    /// Its record.
+    pub record: Arc<ConnectionRecord>,
+    /// Where it actually went: the HBONE address dialled (outbound through a tunnel) or the upstream peer (outbound
+    /// plain TCP); `None` when that is `record.dst` (inbound: the local workload).
+    pub actual_dst: Option<std::net::SocketAddr>,
 }
 
 /// All live connections of this node.
@@ -229,12 +241,23 @@ impl ConnTracker {
         record: Arc<ConnectionRecord>,
         ctl: Arc<ConnControl>,
     ) -> TrackGuard {
+        self.register_to(record, ctl, None)
+    }
+
+    /// [`register`](Self::register), with where the connection actually went (see [`LiveConnection::actual_dst`]).
+    pub fn register_to(
+        self: &Arc<Self>,
+        record: Arc<ConnectionRecord>,
+        ctl: Arc<ConnControl>,
+        actual_dst: Option<std::net::SocketAddr>,
+    ) -> TrackGuard {
         let id = record.id;
         self.lock().insert(
             id,
             Tracked {
                 record,
                 ctl: ctl.clone(),
+                actual_dst,
             },
         );
         TrackGuard {
@@ -250,6 +273,20 @@ impl ConnTracker {
         AcceptGuard {
             tracker: self.clone(),
         }
+    }
+
+    /// The live (established, registered) connections, by id.
+    pub fn live(&self) -> Vec<LiveConnection> {
+        let mut out: Vec<LiveConnection> = self
+            .lock()
+            .values()
+            .map(|t| LiveConnection {
+                record: t.record.clone(),
+                actual_dst: t.actual_dst,
+            })
+            .collect();
+        out.sort_by_key(|c| c.record.id);
+        out
     }
 
     /// Number of live (established, registered) connections.

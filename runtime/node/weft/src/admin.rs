@@ -54,9 +54,20 @@ impl AdminHandler for Node {
                 "refusedReloads": self.state.refused_reloads(),
                 "lastError": self.state.last_error(),
             },
-            "workloads": s.workloads.values().map(|w| serde_json::to_value(w.as_ref()).unwrap_or_default()).collect::<Vec<_>>(),
-            "services": s.services.values().map(|v| serde_json::to_value(v.as_ref()).unwrap_or_default()).collect::<Vec<_>>(),
-            "policies": s.policies.values().map(|v| serde_json::to_value(v.as_ref()).unwrap_or_default()).collect::<Vec<_>>(),
+            // ztunnel's shape for what `istioctl ztunnel-config` reads (workloads, services, policies, certificates,
+            // workloadState); weft's own sections beside them.
+            "workloads": s.dump_workloads(),
+            "services": s.dump_services(),
+            "policies": s.dump_policies(),
+            "workloadState": match (&self.inpod, self.proxy.get()) {
+                (Some(p), _) => weft_inpod::admin::workload_state(p, &s, &self.node),
+                (None, p) => weft_inpod::admin::node_workload_state(
+                    &s,
+                    &self.node,
+                    &p.map(|p| p.tracker().live()).unwrap_or_default(),
+                    p.is_some_and(|p| p.is_ready()),
+                ),
+            },
             "sources": crate::xds::dump(&self.state, &self.xds),
             "certificates": self.identity.dump(),
             "plugins": (self.plugins)(),
