@@ -33,7 +33,7 @@ pub(crate) enum Msg {
 /// one uncontended lock and a push into memory that is reused from batch to batch: no allocation per event, no
 /// per-event atomics shared with the worker, and a wake-up only when the worker is waiting for work.
 #[derive(Default)]
-struct Shared {
+struct Mailbox {
     state: Mutex<State>,
     ready: Condvar,
 }
@@ -49,7 +49,7 @@ struct State {
     closed: bool,
 }
 
-impl Shared {
+impl Mailbox {
     /// The state, also after a thread panicked holding it (the queue stays consistent: every change is one push or
     /// one swap).
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -62,7 +62,7 @@ impl Shared {
 /// The bound counts events queued and not yet taken by the worker; the worker holds at most one more taken set
 /// while it delivers it. Memory follows what is actually queued (no ring of `capacity` slots allocated up front).
 pub(crate) struct TelemetryQueue {
-    shared: Arc<Shared>,
+    mailbox: Arc<Mailbox>,
     capacity: usize,
     dropped: Counter,
 }
@@ -96,14 +96,14 @@ impl TelemetryQueue {
 
     /// The queue and the receiving end its worker reads.
     fn unstarted(capacity: usize, dropped: Counter) -> (Self, QueueRx) {
-        let shared = Arc::new(Shared::default());
+        let mailbox = Arc::new(Mailbox::default());
         let queue = Self {
-            shared: shared.clone(),
+            mailbox: mailbox.clone(),
             capacity: capacity.max(1),
             dropped,
         };
         let rx = QueueRx {
-            shared,
+            mailbox,
             taken: VecDeque::new(),
         };
         (queue, rx)
@@ -111,7 +111,7 @@ impl TelemetryQueue {
 
     /// Queues an event without blocking; a full queue drops it and counts the drop.
     pub fn send(&self, msg: Msg) {
-        let mut state = self.shared.lock();
+        let mut state = self.mailbox.lock();
         if state.events >= self.capacity {
             drop(state);
             self.dropped.inc();
@@ -127,35 +127,35 @@ impl TelemetryQueue {
         let wake = std::mem::take(&mut state.waiting);
         drop(state);
         if wake {
-            self.shared.ready.notify_one();
+            self.mailbox.ready.notify_one();
         }
     }
 
     /// Blocks until everything queued so far has been delivered.
     pub fn flush(&self) {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        self.push(self.shared.lock(), Msg::Flush(tx));
+        self.push(self.mailbox.lock(), Msg::Flush(tx));
         let _ = rx.recv();
     }
 
     /// Events queued and not yet taken by the worker.
     #[cfg(test)]
     fn queued(&self) -> usize {
-        self.shared.lock().events
+        self.mailbox.lock().events
     }
 }
 
 impl Drop for TelemetryQueue {
     /// The worker delivers what is queued, then ends.
     fn drop(&mut self) {
-        self.shared.lock().closed = true;
-        self.shared.ready.notify_one();
+        self.mailbox.lock().closed = true;
+        self.mailbox.ready.notify_one();
     }
 }
 
 /// The receiving side: takes everything queued at once and hands it out one message at a time.
 struct QueueRx {
-    shared: Arc<Shared>,
+    mailbox: Arc<Mailbox>,
     /// Taken from the queue, not yet handed out (its room in the bound is free again).
     taken: VecDeque<Msg>,
 }
@@ -172,14 +172,14 @@ impl QueueRx {
         if let Some(msg) = self.taken.pop_front() {
             return Some(msg);
         }
-        let mut state = self.shared.lock();
+        let mut state = self.mailbox.lock();
         while state.queue.is_empty() {
             if state.closed {
                 return None;
             }
             state.waiting = true;
             state = self
-                .shared
+                .mailbox
                 .ready
                 .wait(state)
                 .unwrap_or_else(PoisonError::into_inner);
@@ -195,7 +195,7 @@ impl QueueRx {
         if let Some(msg) = self.taken.pop_front() {
             return Some(msg);
         }
-        let mut state = self.shared.lock();
+        let mut state = self.mailbox.lock();
         if state.queue.is_empty() {
             return None;
         }
