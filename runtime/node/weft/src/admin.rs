@@ -1,4 +1,5 @@
-//! The admin glue: what `/config_dump`, `/healthz/ready`, `/logging` and `/stats/prometheus` show of this node.
+//! The admin glue: what `/config_dump`, `/healthz/ready`, `/logging` and `/stats/prometheus` show of this node,
+//! and the metrics registry behind the last.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -13,10 +14,13 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use weft_admin::AdminHandler;
 use weft_identity::SecretManager;
-use weft_proxy::Proxy;
+use weft_plugin_host::PluginHost;
+use weft_proxy::{Proxy, ProxyMetrics};
 use weft_state::{StateStore, TunnelProtocol};
 
 use weft_logging::LogControl;
+
+use crate::config::NodeConfig;
 
 /// Everything the admin servers read.
 pub struct Node {
@@ -29,7 +33,8 @@ pub struct Node {
     /// In-pod mode: the pods weft serves (`None` in node mode).
     pub inpod: Option<Arc<weft_inpod::Status>>,
     pub registry: Registry,
-    pub logs: LogControl,
+    /// The log filter `/logging` shows and changes (none: the process's logging is not this node's).
+    pub logs: Option<LogControl>,
     pub quit: CancellationToken,
     /// A local config file was given (readiness waits for it to load).
     pub needs_file: bool,
@@ -39,6 +44,75 @@ pub struct Node {
     /// Istio authorization policies in force that no serving policy plugin enforces (their connections are
     /// denied), each with why.
     pub unenforced_policies: Box<dyn Fn() -> Vec<String> + Send + Sync>,
+}
+
+impl Node {
+    /// What the admin servers of the node `config` describes read.
+    pub(crate) fn new(
+        config: &NodeConfig,
+        sources: &crate::node::Sources,
+        identity: &Arc<SecretManager>,
+        inpod: Option<Arc<weft_inpod::Status>>,
+        registry: Registry,
+        logs: Option<LogControl>,
+        quit: CancellationToken,
+    ) -> Self {
+        let (host, unenforced) = (sources.host.clone(), sources.host.clone());
+        Node {
+            node: config.node.clone(),
+            config: serde_json::to_value(config).unwrap_or_default(),
+            state: sources.state.clone(),
+            identity: identity.clone(),
+            proxy: std::sync::OnceLock::new(),
+            inpod,
+            registry,
+            logs,
+            quit,
+            needs_file: config.config.is_some(),
+            xds: sources.xds.clone(),
+            plugins: Box::new(move || serde_json::to_value(host.status()).unwrap_or_default()),
+            unenforced_policies: Box::new(move || unenforced.unenforced_policies()),
+        }
+    }
+}
+
+/// The node's metrics: the registry `/stats/prometheus` encodes and the metrics the data path updates.
+pub(crate) struct Telemetry {
+    pub registry: Registry,
+    pub proxy: Arc<ProxyMetrics>,
+    pub dns: Arc<weft_dns::DnsMetrics>,
+}
+
+impl Telemetry {
+    /// Registers the data path's, the DNS proxy's, the plugin host's and in-pod metrics, and the counters that
+    /// live in other crates (config reloads, CA calls, certificates, xDS).
+    pub(crate) fn register(
+        state: &Arc<StateStore>,
+        identity: &Arc<SecretManager>,
+        host: &PluginHost,
+        xds: &[weft_xds::XdsHandle],
+        inpod: Option<&Arc<weft_inpod::Status>>,
+    ) -> Self {
+        let proxy = Arc::new(ProxyMetrics::default());
+        let dns = Arc::new(weft_dns::DnsMetrics::default());
+        let mut registry = Registry::default();
+        proxy.register(&mut registry);
+        dns.register(&mut registry);
+        host.register_metrics(&mut registry);
+        if let Some(s) = inpod {
+            s.register(&mut registry);
+        }
+        registry.register_collector(Box::new(NodeCollector {
+            state: state.clone(),
+            identity: identity.clone(),
+        }));
+        registry.register_collector(Box::new(crate::xds::XdsCollector(xds.to_vec())));
+        Telemetry {
+            registry,
+            proxy,
+            dns,
+        }
+    }
 }
 
 impl AdminHandler for Node {
@@ -134,11 +208,17 @@ impl AdminHandler for Node {
     }
 
     fn log_level(&self) -> String {
-        self.logs.current()
+        self.logs.as_ref().map_or_else(
+            || "unknown (not set by this node)".to_owned(),
+            LogControl::current,
+        )
     }
 
     fn set_log_level(&self, level: &str) -> Result<String, String> {
-        self.logs.set(level)
+        match &self.logs {
+            Some(logs) => logs.set(level),
+            None => Err("this node does not own the process's logging".to_owned()),
+        }
     }
 
     fn metrics(&self) -> String {

@@ -7,11 +7,14 @@ pub mod config;
 pub mod default_plugins;
 pub mod demo;
 pub mod inpod;
+pub mod node;
 pub mod plugin_xds;
 pub mod run;
 pub mod xds;
 
 use cli::{CaCommand, Cli, Command};
+pub use config::NodeConfig;
+pub use node::{NodeHandle, start};
 
 /// Run a parsed command line.
 pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
