@@ -3,6 +3,9 @@
 /// A config that cannot run, with the flag to fix.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The command line does not parse (clap's message names the flag).
+    #[error("{0}")]
+    Flags(String),
     /// `--config-file` could not be read or is not YAML.
     #[error("--config-file {path}: {reason}")]
     File {

@@ -70,6 +70,24 @@ impl Args for RunArgs {
     }
 }
 
+impl NodeConfig {
+    /// The config `weft run <args>` would run with (flags, the env vars, `--config-file`), validated; the
+    /// cluster id from `ISTIO_META_CLUSTER_ID` when set. For embedding a node ([`crate::start`]).
+    pub fn from_args<I, T>(args: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let cmd = RunArgs::augment_args(clap::Command::new("weft run").no_binary_name(true));
+        let matches = cmd
+            .try_get_matches_from(args)
+            .map_err(|e| ConfigError::Flags(e.to_string()))?;
+        let args =
+            RunArgs::from_arg_matches(&matches).map_err(|e| ConfigError::Flags(e.to_string()))?;
+        load(args, std::env::var("ISTIO_META_CLUSTER_ID").ok())
+    }
+}
+
 /// The node's config: the flags and env vars over `--config-file` over the defaults; the cluster id from
 /// `ISTIO_META_CLUSTER_ID` when set (`istio_meta_cluster_id`, ztunnel's rule), validated.
 pub fn load(
