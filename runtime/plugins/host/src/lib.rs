@@ -22,15 +22,33 @@
 //! arrives. [`PluginHost::wait_applied`] tells a config source what became of the state version it produced.
 
 // The layers, bottom first: each uses only itself and the ones declared before it (`tests/layers.rs` holds this).
+
+// Leaves: the config, the clock, the errors, where code is compiled.
 mod base;
-mod guest;
-mod host;
-mod lifecycle;
-mod metrics;
-mod sandbox;
-pub mod testing;
-mod versions;
+
+// The WIT bindings and the conversions into WIT values.
 mod wit;
+
+// A sink every layer above writes to: the host's metric families and the plugin-defined metrics.
+mod metrics;
+
+// The engine, a store and its caps, the time budget, the epoch ticker, the locked-down WASI.
+mod sandbox;
+
+// Linking a component and the typed calls into one instance.
+mod guest;
+
+// The compile cache, plugin versions, their pools, scopes and probation counters.
+mod versions;
+
+// Apply, the chain, rollout and rollback, the unenforced-policy guard, status.
+mod lifecycle;
+
+// `PluginHost`, which owns the threads and wires the layers.
+mod host;
+
+// Test support, over the public API.
+pub mod testing;
 
 pub use base::clock::{Clock, ManualClock, SystemClock};
 pub use base::compiler::{

@@ -465,6 +465,24 @@ fn each_layer_refers_only_to_itself_and_the_layers_below() {
             .join(" < "),
         found.join("\n")
     );
+    // lib.rs declares the layers in the table's order (its comment says they go bottom first).
+    let (_, lib) = files
+        .iter()
+        .find(|(rel, _)| rel == Path::new("lib.rs"))
+        .unwrap();
+    let declared: Vec<&str> = lib
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("pub mod ")
+                .or_else(|| l.strip_prefix("mod "))
+        })
+        .map(|l| l.trim_end_matches(';'))
+        .collect();
+    let table: Vec<&str> = LAYERS.iter().map(|(n, _)| *n).collect();
+    assert_eq!(
+        declared, table,
+        "lib.rs declares the layers in another order than LAYERS"
+    );
     // A stale row would quietly allow a name nobody uses.
     for (name, _) in LAYERS {
         assert!(
