@@ -1,5 +1,6 @@
 //! `weft run --mode inpod`: no shared listeners; the CNI node agent (istio-cni) hands each meshed pod's network
-//! namespace to weft over ZDS and weft serves the pod from inside it (`weft-inpod`). This module holds the wiring; `--mode node` (the default) is the shared-node mode of `run.rs`, unchanged.
+//! namespace to weft over ZDS and weft serves the pod from inside it (`weft-inpod`). This module holds the wiring;
+//! `--mode node` (the default) is the shared-node data path of `node/data_path.rs`.
 
 use std::sync::Arc;
 
