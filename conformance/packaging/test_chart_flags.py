@@ -15,6 +15,12 @@ ENV = re.compile(r"\[env: ([A-Z][A-Z0-9_]*)=")
 POSSIBLE = re.compile(r"\[possible values: ([^\]]+)\]")
 
 
+# ztunnel's variables the chart sets (when asked) although `weft run` does not read them yet; each is documented as
+# such in charts/weft/values.yaml and README.md. test_ztunnel_only_env_is_still_unread fails once weft reads one, so
+# the exception and the "does not read" wording go away with it.
+ZTUNNEL_ONLY_ENV = {"NETWORK"}
+
+
 class Flag:
     def __init__(self, takes_value: bool):
         self.takes_value = takes_value
@@ -76,9 +82,12 @@ def check(container, command: str, cli):
         elif flag.values is not None and value not in flag.values:
             problems.append(f"{arg}: weft takes {sorted(flag.values)}")
     # `ISTIO_META_<KEY>` variables are read by prefix, as ztunnel reads them: node metadata `<KEY>` for istiod.
+    # ZTUNNEL_ONLY_ENV: set for parity with ztunnel's chart, documented as not read by weft (values.yaml, README).
     meta_prefix = 'const META_PREFIX: &str = "ISTIO_META_";' in (REPO / "runtime/node/xds/src/node.rs").read_text()
     for e in container.get("env", []):
         if meta_prefix and e["name"].startswith("ISTIO_META_"):
+            continue
+        if command == "run" and e["name"] in ZTUNNEL_ONLY_ENV and e["name"] not in env_names:
             continue
         if e["name"] not in env_names or e["name"] not in source:
             problems.append(f"env {e['name']}: not read by `weft {command}`")
@@ -101,3 +110,13 @@ def test_control_args_are_weft_control_flags(render):
     dep = render(VARIANTS["control-plane"]).one("Deployment")
     (container,) = dep["spec"]["template"]["spec"]["containers"]
     check(container, "control", cli)
+
+
+def test_ztunnel_only_env_is_still_unread(run_cli):
+    _, help_env = run_cli
+    read = ZTUNNEL_ONLY_ENV & (help_env | source_env_names())
+    assert not read, f"weft now reads {sorted(read)}: drop it from ZTUNNEL_ONLY_ENV and the 'does not read' notes"
+    values = (REPO / "charts/weft/values.yaml").read_text()
+    readme = (REPO / "charts/weft/README.md").read_text()
+    for name in ZTUNNEL_ONLY_ENV:
+        assert f"does not read {name}" in values and f"does not read {name}" in readme, name

@@ -26,7 +26,19 @@ BAD = {
     "shards negative": ({"shards": -1}, "/shards"),
     "shards a word but auto": ({"shards": "many"}, "/shards"),
     "log format": ({"logFormat": "xml"}, "/logFormat"),
-    "CA address without https": ({"istio": {"caAddress": "istiod.istio-system.svc:15012"}}, "/istio/caAddress"),
+    "CA address without a port": ({"istio": {"caAddress": "istiod.istio-system.svc"}}, "/istio/caAddress"),
+    "CA address with words": ({"istio": {"caAddress": "not an address"}}, "/istio/caAddress"),
+    "CA address with another scheme": ({"istio": {"caAddress": "grpc://istiod:15012"}}, "/istio/caAddress"),
+    "xDS address with a path": ({"istio": {"xdsAddress": "istiod.istio-system.svc:15012/x"}}, "/istio/xdsAddress"),
+    "xDS address port too long": ({"istio": {"xdsAddress": "istiod:150120"}}, "/istio/xdsAddress"),
+    "plugin xDS address garbage": ({"plugins": {"xds": {"address": "weft control"}}}, "/plugins/xds/address"),
+    "trust bundle name with a slash": ({"istio": {"clusterTrustBundle": "istio.io/istiod-ca"}}, "/istio/clusterTrustBundle"),
+    "migration flag not a boolean": ({"migration": {"fromZtunnel": "yes"}}, "/migration/fromZtunnel"),
+    "migration unknown key": ({"migration": {"fromZtunnel": True, "keepZtunnel": True}}, "/migration"),
+    "ztunnelLabels not a boolean": ({"ztunnelLabels": "app=ztunnel"}, "/ztunnelLabels"),
+    "network with a space": ({"network": "net 1"}, "/network"),
+    "seLinuxOptions unknown key": ({"seLinuxOptions": {"kind": "spc_t"}}, "/seLinuxOptions"),
+    "seLinuxOptions empty type": ({"seLinuxOptions": {"type": ""}}, "/seLinuxOptions/type"),
     "token lifetime under 10 min": ({"istio": {"tokenExpirationSeconds": 60}}, "/istio/tokenExpirationSeconds"),
     "trial without a node": ({"trial": {"enabled": True, "caSecretName": "ca"}}, "/trial"),
     "trial without a CA secret": ({"trial": {"enabled": True, "node": "n1"}}, "/trial"),
@@ -71,7 +83,9 @@ BAD = {
     ),
     "control port": ({"control": {"port": 70000}}, "/control/port"),
     "podmonitor interval": ({"metrics": {"podMonitor": {"interval": "often"}}}, "/metrics/podMonitor/interval"),
-    "imagePullSecrets as objects": ({"imagePullSecrets": [{"name": "regcred"}]}, "/imagePullSecrets/0"),
+    "imagePullSecrets object without a name": ({"imagePullSecrets": [{"secret": "regcred"}]}, "/imagePullSecrets/0"),
+    "imagePullSecrets empty name": ({"imagePullSecrets": [""]}, "/imagePullSecrets/0"),
+    "imagePullSecrets as one string": ({"imagePullSecrets": "regcred"}, "/imagePullSecrets"),
 }
 
 
@@ -95,3 +109,24 @@ def test_schema_accepts_numbers_as_a_values_file_writes_them(chart):
     chart.validate_schema(values_yaml("mark: 0x100000\nterminationGracePeriodSeconds: 60\nworkerThreads: 4\n"))
     chart.validate_schema(values_yaml("mark: '0x100000'\n"))
     chart.validate_schema(values_yaml("workerThreads: auto\n"))
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "istiod.istio-system.svc:15012",  # ztunnel's chart's default form (manifests/charts/ztunnel/templates/daemonset.yaml)
+        "istiod-canary.istio-system.svc:15012",
+        "10.96.0.10:15012",
+        "[fd00::10]:15012",
+        "https://istiod.istio-system.svc:15012",
+        "https://istiod.istio-system.svc",
+    ],
+)
+def test_schema_accepts_ztunnels_address_forms(chart, address):
+    chart.validate_schema({"istio": {"caAddress": address, "xdsAddress": address}, "plugins": {"xds": {"address": address}}})
+
+
+def test_schema_accepts_both_pull_secret_forms(chart):
+    chart.validate_schema({"imagePullSecrets": ["regcred"]})
+    chart.validate_schema({"imagePullSecrets": [{"name": "regcred"}]})
+    chart.validate_schema({"imagePullSecrets": ["a", {"name": "b"}]})

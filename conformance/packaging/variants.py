@@ -46,6 +46,20 @@ VARIANTS = {
         }
     },
     "podmonitor": {"metrics": {"podMonitor": {"enabled": True, "labels": {"release": "prometheus"}}}},
+    # Beside Istio's ztunnel chart (README: Migrating from ztunnel), with every ztunnel-compatibility value set.
+    "migration-from-ztunnel": {"migration": {"fromZtunnel": True}, "ztunnelLabels": True},
+    "ztunnel-compatible": {
+        "migration": {"fromZtunnel": True},
+        "ztunnelLabels": True,
+        "network": "network-east",
+        "seLinuxOptions": {"type": "spc_t"},
+        "imagePullSecrets": ["regcred", {"name": "mirror-creds"}],
+        "istio": {
+            "caAddress": "istiod.istio-system.svc:15012",
+            "xdsAddress": "istiod.istio-system.svc:15012",
+            "clusterTrustBundle": "istio.io:istiod-ca:root-cert",
+        },
+    },
     "custom-service-account": {"serviceAccount": {"create": True, "name": "weft-node", "annotations": {"a": "b"}}},
     "control-plane": {
         "control": {"enabled": True, "pluginsConfigMap": "weft-plugins", "tls": {"secretName": "weft-control-tls"}}

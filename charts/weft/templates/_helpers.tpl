@@ -56,6 +56,23 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- required "serviceAccount.name must be set" .Values.serviceAccount.name }}
 {{- end }}
 
+{{/* Whether the chart creates the node proxy's service account: not in migration mode, where it is ztunnel's. */}}
+{{- define "weft.createServiceAccount" -}}
+{{- if and .Values.serviceAccount.create (not .Values.migration.fromZtunnel) }}true{{ end }}
+{{- end }}
+
+{{/* The node proxy's container name: ztunnel's (`istio-proxy`) when it is to look like ztunnel. */}}
+{{- define "weft.containerName" -}}
+{{- if .Values.ztunnelLabels }}istio-proxy{{ else }}weft{{ end }}
+{{- end }}
+
+{{/* An image pull secret, given by name (ztunnel's chart's form) or as {name: ...} (the pod spec's). */}}
+{{- define "weft.pullSecrets" -}}
+{{- range . }}
+- name: {{ if kindIs "map" . }}{{ .name }}{{ else }}{{ . }}{{ end }}
+{{- end }}
+{{- end }}
+
 {{/*
 The image reference: by digest when `image.digest` is set (what a production install should pin), else by tag
 (default: the chart's appVersion).
@@ -103,18 +120,26 @@ writes into a flag goes through here.
 {{- printf "istiod%s.%s.svc" (ternary "" (printf "-%s" .Values.istio.revision) (eq .Values.istio.revision "")) .Values.istio.namespace }}
 {{- end }}
 
+{{/*
+An istiod address as weft takes it: ztunnel's form `host:port` (no scheme) becomes https://host:port, since weft's CA
+client refuses an address without a scheme; one with a scheme is passed as written.
+*/}}
+{{- define "weft.https" -}}
+{{- if contains "://" . }}{{ . }}{{ else }}{{ printf "https://%s" . }}{{ end }}
+{{- end }}
+
 {{- define "weft.caAddress" -}}
-{{- .Values.istio.caAddress | default (printf "https://%s:15012" (include "weft.istiodHost" .)) }}
+{{- include "weft.https" (.Values.istio.caAddress | default (printf "%s:15012" (include "weft.istiodHost" .))) }}
 {{- end }}
 
 {{- define "weft.xdsAddress" -}}
-{{- .Values.istio.xdsAddress | default (printf "https://%s:15012" (include "weft.istiodHost" .)) }}
+{{- include "weft.https" (.Values.istio.xdsAddress | default (printf "%s:15012" (include "weft.istiodHost" .))) }}
 {{- end }}
 
 {{/* Where nodes reach plugins over xDS: an explicit address, else this release's control plane when enabled. */}}
 {{- define "weft.pluginXdsAddress" -}}
 {{- if .Values.plugins.xds.address }}
-{{- .Values.plugins.xds.address }}
+{{- include "weft.https" .Values.plugins.xds.address }}
 {{- else if .Values.control.enabled }}
 {{- printf "https://%s.%s.svc:%s" (include "weft.controlName" .) .Release.Namespace (include "weft.int" .Values.control.port) }}
 {{- end }}
