@@ -7,9 +7,11 @@
 //! the input is a script of steps. The attacker's: data (through the stream, or as records it seals itself),
 //! records of any content type and length sealed with its current key (handshake messages, alerts, padding,
 //! oversized content, no content type), alerts, `NewSessionTicket`s built from the input (well formed or broken
-//! in one place), handshake messages of any type split across records, raw bytes no TLS layer made, key updates
-//! (asking for one back or not), its `close_notify`; and the victim's: data, key updates, and reading what has
-//! arrived. A step may be repeated (up to 4096 times) to build floods.
+//! in one place), handshake messages of any type split across records (the last piece may be held back to start
+//! the next message's first record), raw bytes no TLS layer made, key updates (asking for one back or not), its
+//! `close_notify`; and the victim's: data, key updates, and reading what has arrived. A group of up to 4 steps may
+//! be repeated (up to 4096 times) to build floods; an input runs at most 10,000 steps and puts at most 1 MiB on
+//! the wire.
 //!
 //! **Across the hand-over**: with the attacker as client, its transport holds every write after its first flight
 //! (the `ClientHello`). Its `connect` returns once it has written its `Finished` (a TLS 1.3 client needs nothing
@@ -19,32 +21,33 @@
 //!
 //! **The model** (`Model`) holds the victim's read side as RFC 8446 and weft-tls's limits (rustls's, where rustls
 //! has one) define it, written here from the RFC and not from weft-tls's code. It reads the bytes the attacker
-//! actually wrote, record by record, as the victim will: the header (`unexpected_message` if not application data,
-//! `record_overflow` past 2^14 + 256 bytes, `bad_record_mac` under 17), then the record: one the attacker sealed
-//! there under the key the victim is at opens, anything else is `bad_record_mac` (raw bytes, a record after a
-//! KeyUpdate the attacker sealed as a raw record and so did not follow itself, a header made of garbage and a
-//! record's first bytes). An opened record: `TLSInnerPlaintext` over 2^14 + 1 bytes, `record_overflow`; no
-//! content type (all zeros), `unexpected_message`; a record other than handshake while a handshake message is
-//! incomplete, `unexpected_message`; more than 32 empty records in a row (of any type), `unexpected_message`;
-//! then by type: application data is delivered (an empty one is not data); alert: not 2 bytes `decode_error`,
-//! unknown level `illegal_parameter`, `close_notify` (either level) ends the stream and what follows is never
-//! read, a warning `user_canceled` passes 4 times per connection and the 5th is `unexpected_message`, any other
-//! (fatal, or a warning of another description: RFC 8446 §6 says to treat those as error alerts whatever their
-//! level) fails the victim, which sends nothing more (it closes at once, dropping even a KeyUpdate it owes);
-//! handshake: empty `unexpected_message`; more than 64 KiB buffered (a message left incomplete and the record's
-//! content, even where that record ends the message and starts another: rustls is stricter still)
-//! `unexpected_message`; a message announcing more than 64 KiB (header included) `unexpected_message`; each
-//! complete message in order: `NewSessionTicket` to a server `unexpected_message`,
-//! the 17th on a connection `unexpected_message`, malformed (RFC 8446 §4.6.1 structure: an empty ticket,
-//! trailing bytes, a broken extension, an `early_data` extension not 4 bytes) `decode_error`, an extension type
-//! twice `illegal_parameter` (extensions checked in order, once the whole message decoded); `KeyUpdate` not 1
-//! byte `decode_error`, a request other than 0 or 1 `illegal_parameter`, followed by more handshake bytes in its
-//! record `unexpected_message`, the 33rd without data in between (empty records are not data)
-//! `unexpected_message`, else the victim's receiving key moves on, and a request is answered before the victim's
-//! next record of its own; any other handshake type `unexpected_message`; any other content type
-//! `unexpected_message`. Where one record breaks two rules the first in that order is the one reported (weft-tls's
-//! order; rustls's differs in places, e.g. it takes a duplicate `NewSessionTicket` extension before trailing
-//! bytes). The transport ending without `close_notify` (inside a record or between records) fails the read with
+//! actually wrote, record by record, as the victim will. The header: not application data `unexpected_message`,
+//! a length past 2^14 + 256 `record_overflow`, under 16 (less than a tag) `bad_record_mac`, a version other than
+//! 3.x `decode_error` (as rustls; any 3.x is authenticated as 3.3). Then the record: one the attacker sealed there
+//! under the key the victim is at opens, anything else is `bad_record_mac` (raw bytes, a record after a KeyUpdate
+//! the attacker sealed as a raw record and so did not follow itself, a header made of garbage and a record's first
+//! bytes). An opened record: `TLSInnerPlaintext` over 2^14 + 1 bytes `record_overflow`; no content type (all
+//! zeros) `unexpected_message`; a record other than handshake while a handshake message is incomplete
+//! `unexpected_message`; more than 32 empty records in a row (of any type) `unexpected_message`; then by type:
+//! application data is delivered (an empty one is not data); alert: not 2 bytes `decode_error`, unknown level
+//! `illegal_parameter`, `close_notify` (either level) ends the stream and what follows is never read, a warning
+//! `user_canceled` passes 4 times per connection and the 5th is `unexpected_message`, any other (fatal, or a
+//! warning of another description: RFC 8446 §6 says to treat those as error alerts whatever their level) fails
+//! the victim, which sends nothing more (it closes at once, dropping even a KeyUpdate it owes); handshake: empty
+//! `unexpected_message`; more than 64 KiB buffered (a message left incomplete and the record's content, even where
+//! that record ends the message and starts another: rustls is stricter still) `unexpected_message`; a message
+//! announcing more than 64 KiB (header included) `unexpected_message`; each complete message in order:
+//! `NewSessionTicket` to a server `unexpected_message`, the 17th on a connection `unexpected_message`, malformed
+//! (RFC 8446 §4.6.1 structure: an empty ticket, trailing bytes, a broken extension, an `early_data` extension not
+//! 4 bytes) `decode_error`, an extension type twice `illegal_parameter` (extensions checked in order, once the
+//! whole message decoded); `KeyUpdate` not 1 byte `decode_error`, a request other than 0 or 1
+//! `illegal_parameter`, followed by more handshake bytes in its record `unexpected_message`, the 33rd without data
+//! in between (empty records are not data) `unexpected_message`, else the victim's receiving key moves on, and a
+//! request is answered before the victim's next record of its own (its next data, key update, alert or
+//! `close_notify`); any other handshake type `unexpected_message`; any other content type `unexpected_message`.
+//! Where one record breaks two rules the first in that order is the one reported (weft-tls's order; rustls's
+//! differs in places, e.g. it takes a duplicate `NewSessionTicket` extension before trailing bytes). The
+//! transport ending without `close_notify` (inside a record or between records) fails the read with
 //! `UnexpectedEof` and no alert. There are no wildcard outcomes: the one assumption is that bytes the attacker did
 //! not seal under the victim's current key never authenticate (AES-GCM), which no input can defeat since the keys
 //! are made after the input is fixed.
@@ -53,22 +56,26 @@
 //! arrived) and at the end: the victim has received exactly the data the model says, no byte more or less (all
 //! data before the first broken rule, nothing after it); its read is open, ended cleanly or failed exactly when
 //! the model says, with the right kind of error (its own protocol error, the peer's alert with that description,
-//! an unexpected end), and a failed read keeps failing; on a protocol error the victim wrote exactly one record
-//! (its alert) during that read and nothing ever after, and after the peer's fatal alert nothing at all. At the
-//! end the attacker reads everything the victim wrote: exactly the victim's data, then the right ending: the
-//! victim's `close_notify`, its fatal alert with the description the model predicts (read back with
-//! `weft_tls::fuzzing::peer_alert`), or the transport ending without either (after the attacker's fatal alert).
-//! The victim's writes fail once it sent or received a fatal alert, and not before; its key updates (asked for or
-//! answering the attacker) reach the attacker in order, and more than 32 without data make the attacker fail
-//! (the script lets the victim start no more than that itself; answers it owes can still get there).
+//! an unexpected end), and a failed read keeps failing; its receiving sequence number is the model's (so it
+//! stopped at the very record the model says); on its own protocol error it wrote, during that read, the
+//! KeyUpdate it owed and its alert, or nothing yet (a transport that takes nothing for the moment, as tokio's
+//! cooperative budget does in a long script, delays them to the victim's next flush), and never anything else
+//! while reading. Its writes fail once it sent or received a fatal alert, and not before. At the end it has
+//! written exactly the bytes the model says (so nothing after a fatal alert, sent or received), and the attacker
+//! reads all of it: exactly the victim's data, its key updates in order (more than 32 without data make the
+//! attacker fail; the script lets the victim start no more than that itself, answers it owes can still get
+//! there), then the right ending: the victim's `close_notify`, its fatal alert with the description the model
+//! predicts (read back with `weft_tls::fuzzing::peer_alert`), or the transport ending without either (after the
+//! attacker's fatal alert).
 //!
-//! **Work per byte**: the victim's reads are metered (`Meter`): `poll_read` calls, reads from its transport, and
+//! **Work per byte** (`Meter`): the victim's reads are metered: `poll_read` calls, reads from its transport, and
 //! the CPU time of the thread inside its `poll_read` (`CLOCK_THREAD_CPUTIME_ID`, so other processes on the machine
-//! do not count). Both are bounded linearly in what the attacker made the victim do (see `Meter::check`): its
-//! bytes on the wire, its records, the key updates it made the victim derive, and the victim's reads. The counts
-//! catch a read that gives its worker back too often (or never makes progress); the CPU bound catches a quadratic
-//! path (re-parsing a growing buffer per record or message) or a worker kept inside one read on large inputs (the
-//! script allows up to 4 MiB on the wire).
+//! do not count). Each read of the script's takes at least one poll per 16 records that delivered nothing (no
+//! read keeps its worker longer); the polls and transport reads are bounded linearly in the reads and records (a
+//! read that gives its worker back too often, or never makes progress); the CPU time is bounded linearly in the
+//! attacker's bytes on the wire, its records, the key updates it made the victim derive and the victim's polls
+//! (a quadratic path, re-parsing a growing buffer per record or message, trips it on large inputs). The bounds
+//! and the figures behind them are on `Meter::check`.
 
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -85,12 +92,12 @@ use weft_tls::TlsStream;
 use weft_tls::fuzzing::{MAX_RAW_CONTENT, peer_alert, queue_raw_record, transport_mut};
 
 /// Bytes of data the victim may write, in all.
-const MAX_DATA: usize = 2 * 1024 * 1024;
+const MAX_DATA: usize = 512 * 1024;
 /// Bytes the attacker may put on the wire after the handshake, in all (the transport holds 8 MiB each way, so no
 /// write ever waits for a read).
-const MAX_WIRE: usize = 4 * 1024 * 1024;
+const MAX_WIRE: usize = 1024 * 1024;
 /// Steps one input may run, repeats included.
-const MAX_STEPS: usize = 20_000;
+const MAX_STEPS: usize = 10_000;
 /// Times one step may be repeated.
 const MAX_REPEAT: usize = 4096;
 
@@ -122,6 +129,9 @@ const MAX_KEY_UPDATES_IN_A_ROW: u32 = 32;
 const MAX_WARNINGS: u32 = 4;
 const MAX_TICKETS: u32 = 16;
 const MAX_HANDSHAKE_MESSAGE: usize = 64 * 1024;
+
+/// Records that deliver nothing one `poll_read` of weft-tls's takes before it gives its worker back.
+const IDLE_RECORDS_PER_POLL: u64 = 16;
 
 /// The alert record a victim sends on a protocol error: header, level and description, content type, tag.
 const ALERT_RECORD_LEN: usize = HEADER_LEN + 2 + 1 + TAG_LEN;
@@ -430,6 +440,8 @@ struct Model {
     /// Key updates the victim derived for its receiving side.
     key_updates: u64,
     records_opened: u64,
+    /// Records the victim opened and took that delivered no data.
+    idle_records: u64,
     // The victim's sending side.
     write_open: bool,
     answer_owed: bool,
@@ -464,6 +476,7 @@ impl Model {
             delivered: Vec::new(),
             key_updates: 0,
             records_opened: 0,
+            idle_records: 0,
             write_open: true,
             answer_owed: false,
             up: Vec::new(),
@@ -557,7 +570,7 @@ impl Model {
         if len > MAX_CIPHERTEXT {
             return Err(Fail::Alert(RECORD_OVERFLOW));
         }
-        if len < TAG_LEN + 1 {
+        if len < TAG_LEN {
             return Err(Fail::Alert(BAD_RECORD_MAC));
         }
         // legacy_record_version: 3.x, as rustls takes it (any other does not parse); a record is authenticated as
@@ -592,10 +605,12 @@ impl Model {
         self.pos += HEADER_LEN + len;
         self.rx_seq += 1;
         self.records_opened += 1;
-        self.open(&inner)
+        let delivered = self.open(&inner)?;
+        self.idle_records += u64::from(!delivered);
+        Ok(true)
     }
 
-    /// The rules for an opened record's `TLSInnerPlaintext`.
+    /// The rules for an opened record's `TLSInnerPlaintext`; true if it delivered data.
     fn open(&mut self, inner: &[u8]) -> Result<bool, Fail> {
         let unexpected = Err(Fail::Alert(UNEXPECTED_MESSAGE));
         if inner.len() > MAX_PLAINTEXT + 1 {
@@ -621,6 +636,7 @@ impl Model {
                 if !content.is_empty() {
                     self.key_updates_in_a_row = 0;
                     self.delivered.extend_from_slice(content);
+                    return Ok(true);
                 }
             }
             HANDSHAKE => {
@@ -654,7 +670,7 @@ impl Model {
             }
             _ => return unexpected,
         }
-        Ok(true)
+        Ok(false)
     }
 
     /// Act on the complete handshake messages buffered.
@@ -845,35 +861,49 @@ struct Meter {
     reads: u64,
 }
 
-/// The work bound's constants. An optimised build (the long runs) gets a tight bound; an unoptimised one (the CI
-/// smoke, with AddressSanitizer; the stable seed replay) runs the same Rust code 10-30 times slower, so its CPU
-/// bound is wider.
-const CPU_BASE_NS: u64 = if cfg!(debug_assertions) {
-    200_000_000
-} else {
-    20_000_000
+/// The CPU bound's constants (see [`Meter::check`]). An unoptimised build (the CI smoke, with AddressSanitizer; the
+/// stable seed replay) runs the same Rust code 10 to 45 times slower, so its bound is 40 times wider.
+const CPU_SCALE: u64 = match env!("WEFT_FUZZ_OPT_LEVEL").as_bytes() {
+    b"0" => 40,
+    _ => 1,
 };
-const CPU_SCALE: u64 = if cfg!(debug_assertions) { 40 } else { 1 };
-/// Per byte on the wire, per record, per key update derived, per read.
+const CPU_BASE_NS: u64 = 20_000_000;
+/// Per byte on the wire, per record opened, per key update derived, per `poll_read`.
 const CPU_PER_BYTE_NS: u64 = 20;
 const CPU_PER_RECORD_NS: u64 = 2_000;
-const CPU_PER_KEY_UPDATE_NS: u64 = 50_000;
-const CPU_PER_READ_NS: u64 = 20_000;
+const CPU_PER_KEY_UPDATE_NS: u64 = 100_000;
+const CPU_PER_POLL_NS: u64 = 20_000;
+/// Runs of one input before a CPU time over the bound fails it: the time is measured, and a cold start or a
+/// neighbour on the machine can inflate one run's; a path that is too slow is slow every time.
+const CPU_ATTEMPTS: usize = 3;
+
+/// The CPU time the victim's reads took, and what the bound allows.
+#[derive(Debug)]
+struct CpuUse {
+    ns: u64,
+    bound_ns: u64,
+}
 
 impl Meter {
-    /// The victim's work, bounded linearly in what the attacker made it do:
+    /// The victim's work, bounded linearly in what the attacker made it do. Deterministic counts:
     ///
     /// - `poll_read` calls ≤ 4 + 3 × reads + records / 8: a read returns when it has data, when the transport has
     ///   nothing, or after 16 records that deliver nothing (it wakes itself first); one read the script makes
-    ///   polls until nothing has arrived, so once more than what delivered something.
+    ///   polls until nothing has arrived, so once more than what delivered something. (And, checked after each
+    ///   read, at least one poll per 16 records that delivered nothing: no read keeps the worker longer.)
     /// - reads from the transport ≤ 4 + 2 × polls + wire bytes / 1024 (a poll reads until a record is whole; a
     ///   read brings at least a byte, and at least 32 KiB while the peer sent that much).
-    /// - CPU time ≤ (20 ms + 20 ns × wire bytes + 2 µs × records + 50 µs × key updates + 20 µs × reads), all × 40
-    ///   in an unoptimised build. Measured on the fuzz machine (optimised, AddressSanitizer): about 1 ns per byte
-    ///   of bulk data, 0.3 µs per small record, 10 µs per key update, 3 µs per read; ten times that is the bound.
-    ///   A path quadratic in the bytes one read buffers (256 KiB) or in a handshake message (64 KiB), or a read
-    ///   kept busy with a 4 MiB flood, costs more than the bound allows.
-    fn check(&self, transport_reads: u64, model: &Model) {
+    ///
+    /// And the CPU time of the thread inside the victim's `poll_read` (returned, checked by [`run`] over up to 3
+    /// runs): ≤ 20 ms + 20 ns × wire bytes + 2 µs × records + 100 µs × key updates + 20 µs × polls, all × 40 in an
+    /// unoptimised build. Measured in the optimised fuzz build (AddressSanitizer and coverage on): about 0.25 ns
+    /// per byte of bulk data, 0.5 µs per small record, 10 µs per key update with its data record, 3 µs per poll;
+    /// the seeds' floods stay 6 to 15 times under the bound, and in a 60 s fuzz run no input used more than a fifth
+    /// of its bound. A quadratic path injected to try the bound (a scan of the buffered handshake bytes per
+    /// handshake record; of the read buffer per record) took 2 and 8 times the bound on the 64 KiB-message seed.
+    /// A path quadratic in the bytes one read buffers (256 KiB) or in a handshake message (64 KiB) costs more than
+    /// the bound allows on the large inputs the script can make (1 MiB on the wire, 10,000 steps).
+    fn check(&self, transport_reads: u64, model: &Model) -> CpuUse {
         let wire = model.wire_len as u64;
         let records = model.records_opened;
         let polls_bound = 4 + 3 * self.reads + records / 8;
@@ -891,21 +921,12 @@ impl Meter {
              {reads_bound})",
             self.polls
         );
-        let cpu_bound = CPU_SCALE
+        let bound_ns = CPU_SCALE
             * (CPU_BASE_NS
                 + CPU_PER_BYTE_NS * wire
                 + CPU_PER_RECORD_NS * records
                 + CPU_PER_KEY_UPDATE_NS * model.key_updates
-                + CPU_PER_READ_NS * self.reads);
-        assert!(
-            self.cpu_ns <= cpu_bound,
-            "the victim's reads took {} µs of CPU for {wire} bytes, {records} records, {} key updates, {} reads \
-             (bound {} µs)",
-            self.cpu_ns / 1000,
-            model.key_updates,
-            self.reads,
-            cpu_bound / 1000
-        );
+                + CPU_PER_POLL_NS * self.polls);
         if std::env::var_os("TLS_RECORDS_STATS").is_some() {
             eprintln!(
                 "tls_records: {wire} bytes, {records} records, {} key updates, {} reads, {} polls, {transport_reads} \
@@ -914,8 +935,12 @@ impl Meter {
                 self.reads,
                 self.polls,
                 self.cpu_ns / 1000,
-                cpu_bound / 1000
+                bound_ns / 1000
             );
+        }
+        CpuUse {
+            ns: self.cpu_ns,
+            bound_ns,
         }
     }
 }
@@ -1234,9 +1259,13 @@ struct Victim {
     s: TlsStream<Tap>,
     log: Rc<RefCell<TapLog>>,
     meter: Meter,
+    /// The buffer reads go into (kept from one read to the next).
+    buf: Vec<u8>,
     got: Vec<u8>,
-    /// Bytes the victim had written when its read side failed with an alert sent or received.
-    written_at_failure: Option<usize>,
+    /// Bytes of `got` already checked against the model.
+    checked: usize,
+    /// Bytes the transport carried before the session began (the handshake).
+    mark: usize,
 }
 
 /// How a read of the victim's ended.
@@ -1250,24 +1279,29 @@ enum Observed {
 
 impl Victim {
     fn new(s: TlsStream<Tap>, log: Rc<RefCell<TapLog>>) -> Self {
+        let mark = log.borrow().written.len();
         Self {
             s,
             log,
             meter: Meter::default(),
+            buf: Vec::new(),
             got: Vec::new(),
-            written_at_failure: None,
+            checked: 0,
+            mark,
         }
     }
 
+    /// Bytes the victim has written since its handshake.
     fn written(&self) -> usize {
-        self.log.borrow().written.len()
+        self.log.borrow().written.len() - self.mark
     }
 
     /// Read what has arrived, without waiting for more (the paused clock ends the wait); with `to_end`, until the
     /// read side ends or fails.
     async fn read(&mut self, to_end: bool) -> Observed {
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.resize(64 * 1024, 0);
+        let observed = loop {
             self.meter.reads += 1;
             let mut r = Metered {
                 s: &mut self.s,
@@ -1278,27 +1312,37 @@ impl Victim {
             } else {
                 match tokio::time::timeout(Duration::from_millis(1), r.read(&mut buf)).await {
                     Ok(n) => n,
-                    Err(_) => return Observed::Waiting,
+                    Err(_) => break Observed::Waiting,
                 }
             };
             match n {
-                Ok(0) => return Observed::Ended,
+                Ok(0) => break Observed::Ended,
                 Ok(n) => self.got.extend_from_slice(&buf[..n]),
-                Err(e) => return Observed::Failed(e),
+                Err(e) => break Observed::Failed(e),
             }
-        }
+        };
+        self.buf = buf;
+        observed
     }
 
     /// Let the model read what the attacker has sent, then read and check what the victim did against it.
     async fn read_and_check(&mut self, model: &mut Model, attacker: &Attacker, eof: bool) {
-        let was = model.read;
         let ups = model.up.len();
+        let (polls, idle) = (self.meter.polls, model.idle_records);
         model.victim_reads(&attacker.wire(), eof);
         let before = self.written();
         let observed = self.read(eof).await;
         let wrote = self.written() - before;
+        // No read keeps the worker for more than 16 records that deliver nothing (weft-tls gives way then).
+        let (polls, idle) = (self.meter.polls - polls, model.idle_records - idle);
         assert!(
-            self.got == model.delivered,
+            polls >= idle.div_ceil(IDLE_RECORDS_PER_POLL),
+            "the victim took {idle} records that deliver nothing in {polls} polls"
+        );
+        // (Bytes compared before are not compared again.)
+        let from = self.checked.min(self.got.len());
+        assert!(
+            self.got.len() == model.delivered.len() && self.got[from..] == model.delivered[from..],
             "the victim received {} bytes, the model says {} (first difference at {:?}); read {observed:?}, model \
              {:?}",
             self.got.len(),
@@ -1309,6 +1353,7 @@ impl Victim {
                 .position(|(a, b)| a != b),
             model.read
         );
+        self.checked = self.got.len();
         // Where the victim stopped: the records it opened under its current key (a record refused for what it
         // holds was opened; one refused for its header or its tag was not).
         assert_eq!(
@@ -1335,24 +1380,15 @@ impl Victim {
             (m, o) => panic!("the victim's read: {o:?}; the model says {m:?}"),
         }
         // What the victim wrote while reading: when it failed on its own, the KeyUpdate it owed and its alert;
-        // else nothing.
-        let newly_failed = was == ReadState::Open && model.read != ReadState::Open;
+        // else nothing. They may also wait for the transport (one that takes nothing for now: tokio's cooperative
+        // budget runs out in a long script), then go with the victim's next flush; the total is checked at the end.
         let want: usize = model.up[ups..].iter().map(Up::wire_len).sum();
-        assert_eq!(
-            wrote,
-            want,
-            "the victim wrote {wrote} bytes while reading (model: {:?}, {:?})",
+        assert!(
+            wrote == want || wrote == 0,
+            "the victim wrote {wrote} bytes while reading, not {want} ({observed:?}; model: {:?}, {:?})",
             model.read,
             &model.up[ups..]
         );
-        if newly_failed
-            && matches!(
-                model.read,
-                ReadState::Failed(Fail::Alert(_) | Fail::PeerAlert(_))
-            )
-        {
-            self.written_at_failure = Some(self.written());
-        }
     }
 
     /// One of the victim's steps.
@@ -1411,7 +1447,7 @@ async fn run_times(
     }
 }
 
-async fn script(data: &[u8]) {
+async fn script(data: &[u8]) -> CpuUse {
     let (client_cfg, server_cfg) = configs();
     let mut input = Script { data, at: 0 };
     let attacker_is_client = input.byte() & 1 == 1;
@@ -1501,11 +1537,17 @@ async fn script(data: &[u8]) {
     let r = victim.s.shutdown().await;
     assert!(r.is_ok(), "the victim's shutdown failed: {r:?}");
     model.victim_closes();
-    if let Some(at) = victim.written_at_failure {
-        assert_eq!(victim.written(), at, "the victim wrote after a fatal alert");
-    }
+    // Exactly what the model says, so nothing after a fatal alert, sent or received.
+    let want: usize = model.up.iter().map(Up::wire_len).sum();
+    assert_eq!(
+        victim.written(),
+        want,
+        "the victim wrote {} bytes, the model says {want}: {:?}",
+        victim.written(),
+        model.up
+    );
     let transport_reads = victim.log.borrow().reads;
-    victim.meter.check(transport_reads, &model);
+    let cpu = victim.meter.check(transport_reads, &model);
     drop(victim);
 
     let mut got = Vec::new();
@@ -1538,9 +1580,19 @@ async fn script(data: &[u8]) {
         "the attacker's read of the victim ended with {end:?} (peer alert {:?}); the model says {want_end:?}",
         end.as_ref().err().and_then(peer_alert)
     );
+    cpu
 }
 
-/// One input: the script above.
+/// One input: the script above (again, up to [`CPU_ATTEMPTS`] times, while the victim's reads take more CPU time
+/// than the bound allows).
 pub fn run(data: &[u8]) {
-    crate::paused_runtime().block_on(script(data));
+    let mut runs = Vec::new();
+    for _ in 0..CPU_ATTEMPTS {
+        let cpu = crate::paused_runtime().block_on(script(data));
+        if cpu.ns <= cpu.bound_ns {
+            return;
+        }
+        runs.push(cpu);
+    }
+    panic!("the victim's reads took more CPU time than the bound allows, in every run: {runs:?}");
 }

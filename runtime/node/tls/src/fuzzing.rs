@@ -38,5 +38,7 @@ pub fn peer_alert(e: &io::Error) -> Option<u8> {
         return Some(*d);
     }
     let text = e.get_ref()?.to_string();
-    (0..=u8::MAX).find(|&d| Error::PeerAlert(d).to_string() == text)
+    let zero = Error::PeerAlert(0).to_string();
+    let d = text.strip_prefix(zero.strip_suffix('0')?)?.parse().ok()?;
+    (Error::PeerAlert(d).to_string() == text).then_some(d)
 }
