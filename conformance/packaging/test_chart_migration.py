@@ -155,6 +155,12 @@ def test_no_object_shared_with_istios_ztunnel_chart(render, ztunnel):
         assert not ours & theirs, ours & theirs
     # What a plain install collides on.
     assert keys(every_weft_object(render, {})) & theirs == {("ServiceAccount", NAMESPACE, "ztunnel")}
+    # ztunnel installed with its own names (resourceName): weft runs as that account, still sharing nothing.
+    theirs = keys(ztunnel({**ZTUNNEL_ALL_PARTS, "resourceName": "mesh-node"}))
+    ours = every_weft_object(render, {**MIGRATION, "serviceAccount": {"create": True, "name": "mesh-node"}})
+    assert ("ServiceAccount", NAMESPACE, "mesh-node") in theirs and not keys(ours) & theirs
+    (ds,) = [o for o in ours if o["kind"] == "DaemonSet"]
+    assert ds["spec"]["template"]["spec"]["serviceAccountName"] == "mesh-node"
 
 
 def test_migration_mode_refuses_a_daemonset_named_ztunnel(render):
@@ -545,6 +551,17 @@ def test_runbook_rollback_after_step_3(cluster):
     assert cluster.releases["ztunnel"][1] == {}, "reinstalled with the values saved before"
     sa = cluster.live[("ServiceAccount", NAMESPACE, "ztunnel")]
     assert sa["annotations"]["meta.helm.sh/release-name"] == "ztunnel" and KEEP not in sa["annotations"]
+
+
+def test_runbook_rollback_between_steps_2_and_3(cluster):
+    steps = runbook()
+    for title in ["Before you start", "1. Install weft beside ztunnel", "2. Remove ztunnel, keeping its ServiceAccount"]:
+        for argv in steps[title]:
+            cluster.run(argv)
+    assert set(cluster.releases) == {"weft"} and ("ServiceAccount", NAMESPACE, "ztunnel") not in keys(cluster.releases["weft"][2])
+    for argv in steps["Rollback after step 3"][2:]:
+        cluster.run(argv)
+    assert cluster.proxies() == {"ztunnel": "ztunnel"} and set(cluster.releases) == {"ztunnel"}
 
 
 def test_the_model_catches_a_runbook_without_the_keep_annotation(cluster):
