@@ -138,7 +138,8 @@ impl WorkloadCert {
             &roots,
             rustls::pki_types::UnixTime::since_unix_epoch(since_epoch),
         )?;
-        let summaries = chain
+        // The leaf and intermediates, as ztunnel's `certChain` (the roots are `rootCerts`).
+        let summaries = presented
             .iter()
             .map(summary)
             .collect::<Result<Vec<_>, Error>>()?;

@@ -121,7 +121,7 @@ pub struct CertificateDump {
     /// Leaf not-after (RFC 3339).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expiration_time: Option<String>,
-    /// The chain as issued (leaf first).
+    /// The leaf and its intermediates (ztunnel's `certChain`; the roots are in `root_certs`).
     pub cert_chain: Vec<CertSummary>,
     /// Trust roots (ztunnel's shape: each with its PEM, serial number and validity).
     pub root_certs: Vec<CertSummary>,

@@ -1,0 +1,3 @@
+module weft.example/istioctl-check
+
+go 1.19
