@@ -35,7 +35,7 @@ impl NodeConfig {
             (None, Mode::Node) => OriginalSource::Off,
         };
         c.response_baggage = self.response_baggage;
-        c.tls_record_layer = self.tuning.tls_record_layer;
+        c.tls_record_layer = self.tls_record_layer;
         c.idle_timeout = self.idle_timeout;
         c.drain_deadline = self.drain_deadline;
         c.max_connections_per_listener =

@@ -143,6 +143,12 @@ pub struct NodeConfig {
     /// Answer an inbound CONNECT's 200 with `baggage` describing the destination workload (ztunnel's default).
     #[arg(long, env = "ENABLE_RESPONSE_BAGGAGE", default_value_t = true, action = clap::ArgAction::Set)]
     pub response_baggage: bool,
+    /// Who seals and opens HBONE's TLS records after the handshake (rustls runs the handshake either way): `weft`,
+    /// weft's own record layer (records sealed from and opened into the proxy's buffers), or `rustls`, rustls's
+    /// record layer, as ztunnel runs it. Both are held to the same rules; README.md says why `weft` is the default.
+    #[arg(long, env = "WEFT_TLS_RECORD_LAYER", default_value_t = weft_proxy::RecordLayer::Weft)]
+    #[serde(with = "text")]
+    pub tls_record_layer: weft_proxy::RecordLayer,
     /// Close connections idle for this long.
     #[arg(long, env = "WEFT_IDLE_TIMEOUT", default_value = "1h", value_parser = humantime::parse_duration)]
     #[serde(with = "duration")]

@@ -222,5 +222,5 @@ fn tuning_flags_are_hidden_from_help_and_every_flag_has_an_env_var() {
         }
     }
     hidden.sort();
-    assert_eq!(hidden.len(), 11, "{hidden:?}");
+    assert_eq!(hidden.len(), 10, "{hidden:?}");
 }

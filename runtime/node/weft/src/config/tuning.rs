@@ -7,20 +7,13 @@ use std::time::Duration;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-use super::serde_text::{duration, text};
+use super::serde_text::duration;
 use super::values::{PluginCompiler, parse_epoch_tick, parse_ratio};
 
 /// Internals and benchmark switches of `weft run` (hidden from `--help`).
 #[derive(Debug, Clone, Args, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Tuning {
-    /// `--tls-record-layer` (`WEFT_TLS_RECORD_LAYER`, default `weft`). Who seals and opens HBONE's TLS records
-    /// after the handshake (rustls runs the handshake either way): `weft`, weft's own record layer (records
-    /// sealed from and opened into the proxy's buffers), or `rustls`, rustls's record layer, as ztunnel runs it.
-    /// Both are held to the same rules (see docs/performance.md).
-    #[arg(long, hide = true, env = "WEFT_TLS_RECORD_LAYER", default_value_t = weft_proxy::RecordLayer::Weft)]
-    #[serde(with = "text")]
-    pub tls_record_layer: weft_proxy::RecordLayer,
     /// `--config-poll` (`WEFT_CONFIG_POLL`, default 250ms). How often the mesh config file is checked for edits.
     #[arg(long, hide = true, env = "WEFT_CONFIG_POLL", default_value = "250ms", value_parser = humantime::parse_duration)]
     #[serde(with = "duration")]
