@@ -209,11 +209,60 @@ async fn istioctl_decodes_the_dump_and_prints_every_table_without_a_blank_column
     assert_eq!(inb[2], "echo.default:8080", "LOCAL: {inb}");
     assert_eq!(inb[5], "HBONE");
 
+    // Every key a real ztunnel writes in these sections (its dump of an equivalent mesh, captured once: see
+    // conformance/istioctl/README.md), weft writes too, with the same JSON type.
+    let z: serde_json::Value =
+        serde_json::from_str(include_str!("../istioctl/testdata/ztunnel-dump.json")).unwrap();
+    for section in ["workloads", "services", "policies"] {
+        let (zs, ws) = (&z[section][0], &da[section][0]);
+        let mut diffs = Vec::new();
+        same_shape(section, zs, ws, &mut diffs);
+        assert!(
+            diffs.is_empty(),
+            "{section}: not ztunnel's shape: {diffs:#?}\nztunnel: {zs:#}\nweft: {ws:#}"
+        );
+    }
+
     // weft's own sections stay beside ztunnel's.
     for k in ["version", "config", "sources", "plugins", "connections"] {
         assert!(da.get(k).is_some(), "{k} missing from weft's dump");
     }
     drop(s);
+}
+
+/// Whether `w` has every key of `z`, recursively, with the same JSON type (`null` in either matches anything: an
+/// unset optional). Maps keyed by data (`endpoints`, `ports`, `port`) compare their first values.
+fn same_shape(path: &str, z: &serde_json::Value, w: &serde_json::Value, diffs: &mut Vec<String>) {
+    use serde_json::Value;
+    match (z, w) {
+        (Value::Null, _) | (_, Value::Null) => {}
+        (Value::Object(zo), Value::Object(wo)) => {
+            let data_keyed = ["endpoints", "ports", "port"]
+                .iter()
+                .any(|k| path.ends_with(&format!(".{k}")));
+            if data_keyed {
+                if let (Some(zv), Some(wv)) = (zo.values().next(), wo.values().next()) {
+                    same_shape(&format!("{path}.*"), zv, wv, diffs);
+                }
+                return;
+            }
+            for (k, zv) in zo {
+                match wo.get(k) {
+                    Some(wv) => same_shape(&format!("{path}.{k}"), zv, wv, diffs),
+                    None => diffs.push(format!("{path}.{k}: missing")),
+                }
+            }
+        }
+        (Value::Array(za), Value::Array(wa)) => {
+            if let (Some(zv), Some(wv)) = (za.first(), wa.first()) {
+                same_shape(&format!("{path}[0]"), zv, wv, diffs);
+            }
+        }
+        (Value::String(_), Value::String(_))
+        | (Value::Number(_), Value::Number(_))
+        | (Value::Bool(_), Value::Bool(_)) => {}
+        _ => diffs.push(format!("{path}: ztunnel {z}, weft {w}")),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

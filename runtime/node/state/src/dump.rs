@@ -90,6 +90,7 @@ policies:
         let w = &state.dump_workloads()[0];
         assert_eq!(w["workloadIps"], serde_json::json!(["10.0.0.1"]), "{w}");
         assert_eq!(w["status"], "Unhealthy", "{w}");
+        assert_eq!(w["networkMode"], "Standard", "{w}");
         let s = &state.dump_services()[0];
         assert_eq!(s["vips"], serde_json::json!(["net1/10.1.0.1"]), "{s}");
         assert_eq!(

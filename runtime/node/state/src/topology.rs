@@ -77,9 +77,8 @@ pub struct Locality {
     pub subzone: String,
 }
 
-/// A workload's network mode.
+/// A workload's network mode (dumped as ztunnel's `Standard` / `HostNetwork`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
 pub enum NetworkMode {
     /// Its own network namespace.
     #[default]
