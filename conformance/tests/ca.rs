@@ -312,7 +312,11 @@ async fn two_nodes_get_certificates_from_the_reference_ca_over_grpc_tls() {
         );
         assert!(c["expirationTime"].as_str().unwrap().ends_with('Z'), "{c}");
         // Issued under the reference CA's root, not the dev CA the harness also writes.
-        assert_eq!(squash(c["rootCerts"][0].as_str().unwrap()), root, "{c}");
+        assert_eq!(
+            squash(c["rootCerts"][0]["pem"].as_str().unwrap()),
+            root,
+            "{c}"
+        );
         let m = node.scrape().await.unwrap();
         assert!(
             metric_sum(&m, "weft_certificate_fetches_total") >= 1.0,

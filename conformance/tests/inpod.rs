@@ -277,6 +277,19 @@ async fn pod_to_pod(m: Mesh) {
         "{dump}"
     );
     assert_eq!(dump["inpod"]["connected"], true);
+    // ztunnel's `workloadState` (what `istioctl ztunnel-config connections` reads): the pod, up, by its uid.
+    let states: Vec<(String, String)> = dump["workloadState"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|w| {
+            (
+                w["info"]["name"].as_str().unwrap_or_default().to_owned(),
+                w["state"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(states, [("client".to_owned(), "Up".to_owned())], "{dump}");
     let metrics = a.scrape().await.unwrap();
     assert_eq!(
         weft_conformance::metric_sum(&metrics, "weft_inpod_pods{state=\"serving\"}"),
