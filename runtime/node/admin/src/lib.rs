@@ -110,6 +110,8 @@ pub struct Serving {
     pub addr: SocketAddr,
     /// Its counters.
     pub stats: Arc<ServerStats>,
+    /// Cancelled once the server stopped accepting after `stop` and closed its listener: the port is free.
+    pub stopped: CancellationToken,
 }
 
 /// Like [`serve`], with explicit limits; also returns the server's counters.
@@ -138,9 +140,11 @@ pub async fn serve_with(
     let stats = Arc::new(ServerStats::default());
     limits::register(handler_key(&handler), which, &stats);
     tracing::info!(server = which.name(), addr = %bound, max_connections = limits.max_connections, "listening");
+    let stopped = CancellationToken::new();
     let serving = Serving {
         addr: bound,
         stats: stats.clone(),
+        stopped: stopped.clone(),
     };
     let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     tokio::spawn(async move {
@@ -154,7 +158,11 @@ pub async fn serve_with(
                         continue;
                     }
                 },
-                () = stop.cancelled() => return,
+                () = stop.cancelled() => {
+                    drop(lis);
+                    stopped.cancel();
+                    return;
+                }
             };
             let Ok(permit) = permits.clone().try_acquire_owned() else {
                 stats.refused(which, peer, limits.max_connections);

@@ -67,7 +67,8 @@ async fn a_node_starts_in_process_from_a_node_config_and_shuts_down() {
     let shown = node.config_dump();
     assert_eq!(shown["nodeConfig"]["node"], "in-process");
     assert_eq!(shown["nodeConfig"]["socks5"], socks5.as_str());
-    assert_eq!(shown["nodeConfig"]["tuning"]["tlsRecordLayer"], "weft");
+    assert_eq!(shown["nodeConfig"]["tlsRecordLayer"], "weft");
+    assert_eq!(shown["nodeConfig"]["tuning"]["configPoll"], "250ms");
 
     node.shutdown().await.unwrap();
     // Drained: nothing listens any more.

@@ -16,6 +16,8 @@ pub struct NodeHandle {
     pub(super) data_path: DataPath,
     pub(super) data: tokio::runtime::Handle,
     pub(super) stop_admin: CancellationToken,
+    /// Each admin server's "listener closed".
+    pub(super) admin_stopped: Vec<CancellationToken>,
     pub(super) admin_addr: Option<SocketAddr>,
     /// The config watch, the certificate refresher, the identity and plugin loops.
     pub(super) tasks: Vec<JoinHandle<()>>,
@@ -44,8 +46,13 @@ impl NodeHandle {
     pub async fn shutdown(self) -> anyhow::Result<()> {
         self.data_path.drain(&self.data).await?;
         self.stop_admin.cancel();
-        for t in &self.tasks {
+        for s in &self.admin_stopped {
+            s.cancelled().await;
+        }
+        for t in self.tasks {
             t.abort();
+            // Aborted (or already done): once awaited, nothing of the task runs any more.
+            let _ = t.await;
         }
         if let Some(s) = self.shards {
             tokio::task::spawn_blocking(move || s.stop()).await?;

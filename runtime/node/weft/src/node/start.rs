@@ -101,7 +101,8 @@ pub(crate) async fn start_on(config: NodeConfig, threads: Threads) -> anyhow::Re
     tasks.push(sources::run_plugins(&state, &host, changes, applied, config.default_plugins).await);
 
     let stop_admin = CancellationToken::new();
-    let admin_addr = serve_admin(&config, node.clone(), &stop_admin).await?;
+    let mut admin_stopped = Vec::new();
+    let admin_addr = serve_admin(&config, node.clone(), &stop_admin, &mut admin_stopped).await?;
     let hooks: Arc<dyn ConnectionHooks> = host;
     let inputs = data_path::Inputs {
         proxy,
@@ -123,6 +124,7 @@ pub(crate) async fn start_on(config: NodeConfig, threads: Threads) -> anyhow::Re
         data_path,
         data: threads.data,
         stop_admin,
+        admin_stopped,
         admin_addr,
         tasks,
         shards: None,
@@ -134,6 +136,7 @@ async fn serve_admin(
     config: &NodeConfig,
     node: Arc<Node>,
     stop: &CancellationToken,
+    stopped: &mut Vec<CancellationToken>,
 ) -> anyhow::Result<Option<std::net::SocketAddr>> {
     let handler: Arc<dyn AdminHandler> = node;
     let mut admin = None;
@@ -143,9 +146,17 @@ async fn serve_admin(
         (Server::Readiness, config.readiness),
     ] {
         if let Some(addr) = listen.addr() {
-            let bound = weft_admin::serve(which, addr, handler.clone(), stop.clone()).await?;
+            let serving = weft_admin::serve_with(
+                which,
+                addr,
+                handler.clone(),
+                stop.clone(),
+                weft_admin::Limits::default(),
+            )
+            .await?;
+            stopped.push(serving.stopped);
             if which == Server::Admin {
-                admin = Some(bound);
+                admin = Some(serving.addr);
             }
         }
     }
