@@ -107,7 +107,15 @@ impl Handler {
             Transport::Tcp => u16::MAX,
         };
         let state = self.state.current();
-        let Some(client) = clients.client(&state, src.ip()) else {
+        let client = clients.client(&state, src.ip());
+        self.metrics.count_istio(
+            req.query.query_type(),
+            t,
+            client
+                .as_deref()
+                .map(|w| (w.canonical_name.as_str(), w.canonical_revision.as_str())),
+        );
+        let Some(client) = client else {
             self.metrics.count(t, "refused");
             tracing::debug!(target: "dns", %src, query = %req.query.query_type(), domain = %req.query.name(),
                 "DNS query refused: the source is not a mesh workload served here");

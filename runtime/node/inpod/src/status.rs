@@ -78,6 +78,10 @@ pub struct Status {
     started: Counter,
     start_failures: Counter,
     drained: Counter,
+    /// ztunnel's `workload_manager_active_proxy_count`: pods served now.
+    active_gauge: Gauge,
+    /// ztunnel's `workload_manager_pending_proxy_count`: pods whose listeners wait for a retry.
+    pending_gauge: Gauge,
     changes: tokio::sync::watch::Sender<u64>,
 }
 
@@ -94,6 +98,8 @@ impl Default for Status {
             started: Counter::default(),
             start_failures: Counter::default(),
             drained: Counter::default(),
+            active_gauge: Gauge::default(),
+            pending_gauge: Gauge::default(),
             changes: tokio::sync::watch::channel(0).0,
         }
     }
@@ -106,8 +112,29 @@ impl std::fmt::Debug for Status {
 }
 
 impl Status {
-    /// Register the `weft_inpod_*` metrics.
+    /// Register the `weft_inpod_*` metrics, and ztunnel's `workload_manager_*` (the same counts under its names).
     pub fn register(&self, r: &mut Registry) {
+        let z = r.sub_registry_with_prefix("workload_manager");
+        z.register(
+            "active_proxy_count",
+            "The total number current workloads with active proxies (unstable)",
+            self.active_gauge.clone(),
+        );
+        z.register(
+            "pending_proxy_count",
+            "The total number current workloads with pending proxies (unstable)",
+            self.pending_gauge.clone(),
+        );
+        z.register(
+            "proxies_started",
+            "The total number of proxies that were started (unstable)",
+            self.started.clone(),
+        );
+        z.register(
+            "proxies_stopped",
+            "The total number of proxies that were stopped (unstable)",
+            self.drained.clone(),
+        );
         let r = r.sub_registry_with_prefix("weft_inpod");
         r.register(
             "pods",
@@ -238,9 +265,15 @@ impl Status {
     fn update_gauges(&self, pods: &BTreeMap<(String, u64), Entry>) {
         for s in [PodState::Serving, PodState::Pending, PodState::Draining] {
             let n = pods.values().filter(|e| e.state == s).count();
+            let n = i64::try_from(n).unwrap_or(i64::MAX);
             self.pods_gauge
                 .get_or_create(&StateLabels { state: s.as_str() })
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
+                .set(n);
+            if s == PodState::Serving {
+                self.active_gauge.set(n);
+            } else if s == PodState::Pending {
+                self.pending_gauge.set(n);
+            }
         }
     }
 
@@ -322,5 +355,66 @@ impl Status {
             "snapshotReceived": self.snapshot_received(),
             "pods": pods,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::pod;
+
+    fn value(text: &str, series: &str) -> Option<String> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .map(str::to_owned)
+    }
+
+    #[test]
+    fn workload_manager_metrics_have_ztunnels_names_and_count_the_pods() {
+        let s = Status::default();
+        let mut reg = Registry::default();
+        s.register(&mut reg);
+        let ns = NetnsId { dev: 1, ino: 2 };
+        s.set(&pod("a"), 1, PodState::Serving, ns, None, None);
+        s.started();
+        s.set(&pod("b"), 1, PodState::Pending, ns, None, None);
+        s.set(&pod("c"), 1, PodState::Serving, ns, None, None);
+        s.started();
+        s.set(&pod("c"), 1, PodState::Draining, ns, None, None);
+        s.remove("c", 1, true);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
+        let v = |series| value(&text, series);
+        assert_eq!(
+            v("workload_manager_active_proxy_count").as_deref(),
+            Some("1"),
+            "{text}"
+        );
+        assert_eq!(
+            v("workload_manager_pending_proxy_count").as_deref(),
+            Some("1"),
+            "{text}"
+        );
+        assert_eq!(
+            v("workload_manager_proxies_started_total").as_deref(),
+            Some("2"),
+            "{text}"
+        );
+        assert_eq!(
+            v("workload_manager_proxies_stopped_total").as_deref(),
+            Some("1"),
+            "{text}"
+        );
+        // weft's own names stay.
+        assert_eq!(
+            v("weft_inpod_pod_listener_sets_started_total").as_deref(),
+            Some("2"),
+            "{text}"
+        );
+        assert_eq!(
+            v("weft_inpod_pods_drained_total").as_deref(),
+            Some("1"),
+            "{text}"
+        );
     }
 }

@@ -302,6 +302,7 @@ async fn run(shared: Arc<Shared>) {
         let delay = backoff.next(productive);
         let reason = err.to_string();
         shared.update(|t| {
+            t.status.terminations.count(&err);
             let record = Some(Disconnect {
                 at: rfc3339(SystemTime::now()),
                 reason: reason.clone(),
@@ -424,6 +425,11 @@ fn dispatch(
         return;
     };
     let type_url = r.type_url.clone();
+    let bytes: u64 = r
+        .resources
+        .iter()
+        .map(|res| res.resource.as_ref().map_or(0, |v| v.value.len() as u64))
+        .sum();
     *lock(&slot.last_nonce) = (connection, r.nonce.clone());
     lock(&slot.pending)
         .get_or_insert_with(Pending::default)
@@ -432,6 +438,7 @@ fn dispatch(
     shared.update(|t| {
         if let Some(ty) = t.ty(&type_url) {
             ty.responses += 1;
+            ty.received_bytes += bytes;
         }
     });
 }

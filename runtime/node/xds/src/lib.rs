@@ -33,4 +33,4 @@ pub use config::SourceConfig;
 pub use error::Error;
 pub use handler::{Delta, Handler, NACK_CODE, Rejection, Upsert, nack_message};
 pub use node::NodeInfo;
-pub use status::{SourceStatus, TypeStatus};
+pub use status::{SourceStatus, Terminations, TypeStatus};

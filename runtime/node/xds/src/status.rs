@@ -58,6 +58,10 @@ pub struct TypeStatus {
     pub acks: u64,
     /// NACKs sent.
     pub nacks: u64,
+    /// Bytes of the resources received (the sum of their `Any` values' lengths, as ztunnel counts
+    /// `istio_xds_message_bytes_total`).
+    #[serde(skip)]
+    pub received_bytes: u64,
     /// Responses waiting for the handler.
     pub queued: usize,
     /// The last ACK.
@@ -92,6 +96,59 @@ pub struct SourceStatus {
     pub synced: bool,
     /// Per type, in subscription order.
     pub types: Vec<TypeStatus>,
+    /// Streams and attempts that ended, by ztunnel's reason (`istio_xds_connection_terminations_total`).
+    #[serde(skip)]
+    pub terminations: Terminations,
+}
+
+/// Ended streams and failed attempts, counted by ztunnel's `ConnectionTerminationReason`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Terminations {
+    /// The stream could not be opened (ztunnel's `ConnectionError`).
+    pub connection_error: u64,
+    /// The stream ended with a gRPC error that is not a routine reconnect, or the attempt failed otherwise
+    /// (ztunnel's `Error`).
+    pub error: u64,
+    /// The server ended the stream as it does to rebalance or on shutdown: `Unknown`, `Cancelled`,
+    /// `DeadlineExceeded`, or `Unavailable` with "transport is closing" / "received prior goaway" (ztunnel's
+    /// `Reconnect`).
+    pub reconnect: u64,
+    /// The server closed the stream without an error (ztunnel's `Complete`).
+    pub complete: u64,
+}
+
+impl Terminations {
+    /// The counts with ztunnel's label values (`ConnectionError`, `Error`, `Reconnect`, `Complete`).
+    pub fn by_reason(&self) -> [(&'static str, u64); 4] {
+        [
+            ("ConnectionError", self.connection_error),
+            ("Error", self.error),
+            ("Reconnect", self.reconnect),
+            ("Complete", self.complete),
+        ]
+    }
+
+    /// Count a stream or attempt that ended with `e`, sorted as ztunnel's xDS client sorts it.
+    pub(crate) fn count(&mut self, e: &crate::Error) {
+        use tonic::Code;
+        match e {
+            crate::Error::Connect { .. } => self.connection_error += 1,
+            crate::Error::Status { code, message }
+                if matches!(
+                    code,
+                    Code::Unknown | Code::Cancelled | Code::DeadlineExceeded
+                ) || (*code == Code::Unavailable
+                    && (message.contains("transport is closing")
+                        || message.contains("received prior goaway"))) =>
+            {
+                self.reconnect += 1
+            }
+            crate::Error::Closed => self.complete += 1,
+            crate::Error::Status { .. }
+            | crate::Error::Config(_)
+            | crate::Error::Credentials(_) => self.error += 1,
+        }
+    }
 }
 
 impl SourceStatus {
@@ -126,6 +183,7 @@ impl Tracker {
                 last_disconnect: None,
                 last_connect_error: None,
                 synced: types.is_empty(),
+                terminations: Terminations::default(),
                 types: types
                     .iter()
                     .map(|t| TypeStatus {
@@ -135,6 +193,7 @@ impl Tracker {
                         responses: 0,
                         acks: 0,
                         nacks: 0,
+                        received_bytes: 0,
                         queued: 0,
                         last_ack: None,
                         last_nack: None,
@@ -159,5 +218,48 @@ impl Tracker {
             t.synced = true;
         }
         self.status.synced = self.status.types.iter().all(|t| t.synced);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Error;
+
+    #[test]
+    fn terminations_are_sorted_as_ztunnel_sorts_them() {
+        let mut t = Terminations::default();
+        let status = |code, message: &str| Error::Status {
+            code,
+            message: message.to_owned(),
+        };
+        t.count(&Error::Connect {
+            address: "a".into(),
+            message: "refused".into(),
+        });
+        t.count(&status(tonic::Code::Cancelled, ""));
+        t.count(&status(tonic::Code::DeadlineExceeded, ""));
+        t.count(&status(tonic::Code::Unknown, ""));
+        t.count(&status(tonic::Code::Unavailable, "transport is closing"));
+        t.count(&status(
+            tonic::Code::Unavailable,
+            "received prior goaway: x",
+        ));
+        t.count(&status(tonic::Code::Unavailable, "connection reset"));
+        t.count(&status(
+            tonic::Code::Unauthenticated,
+            "authentication failure",
+        ));
+        t.count(&Error::Credentials("no token".into()));
+        t.count(&Error::Closed);
+        assert_eq!(
+            t.by_reason(),
+            [
+                ("ConnectionError", 1),
+                ("Error", 3),
+                ("Reconnect", 5),
+                ("Complete", 1)
+            ]
+        );
     }
 }

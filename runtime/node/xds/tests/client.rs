@@ -153,6 +153,11 @@ async fn initial_requests_headers_and_acks_as_ztunnel_sends_them() {
     let a = s.of(ADDRESS).unwrap();
     assert_eq!((a.resources, a.acks, a.nacks), (1, 1, 0));
     assert_eq!(a.last_ack.as_ref().unwrap().system_version_info, "v-n1");
+    // ztunnel's istio_xds_message_total / _bytes_total: responses and the bytes of the resources' values.
+    let bytes = prost::Message::encoded_len(&workload("uid-1")) as u64;
+    assert_eq!((a.responses, a.received_bytes), (1, bytes));
+    let z = s.of(AUTHORIZATION).unwrap();
+    assert_eq!((z.responses, z.received_bytes), (1, 0));
     client.stop();
 }
 
@@ -471,6 +476,16 @@ async fn a_server_error_or_an_untrusted_certificate_is_retried() {
             .reason
             .contains("authentication failure")
     );
+    // ztunnel counts an Unauthenticated status as reason "Error".
+    assert_eq!(
+        s.terminations.by_reason(),
+        [
+            ("ConnectionError", 0),
+            ("Error", 1),
+            ("Reconnect", 0),
+            ("Complete", 0)
+        ]
+    );
     let _again = server.accept().await;
     client.stop();
 
@@ -486,6 +501,11 @@ async fn a_server_error_or_an_untrusted_certificate_is_retried() {
     )
     .await;
     assert!(!s.connected && s.connections == 0);
+    assert!(
+        s.terminations.connection_error >= 2 && s.terminations.error == 0,
+        "{:?}",
+        s.terminations
+    );
     let why = s.last_connect_error.unwrap().reason;
     assert!(
         why.contains("certificate") || why.contains("UnknownIssuer"),
