@@ -929,8 +929,14 @@ impl Meter {
                 + CPU_PER_POLL_NS * self.polls);
         if std::env::var_os("TLS_RECORDS_STATS").is_some() {
             eprintln!(
-                "tls_records: {wire} bytes, {records} records, {} key updates, {} reads, {} polls, {transport_reads} \
-                 transport reads, {} µs CPU (bound {} µs)",
+                "tls_records: victim {}, read {:?}; {wire} bytes, {records} records, {} key updates, {} reads, {} \
+                 polls, {transport_reads} transport reads, {} µs CPU (bound {} µs)",
+                if model.victim_is_client {
+                    "client"
+                } else {
+                    "server"
+                },
+                model.read,
                 model.key_updates,
                 self.reads,
                 self.polls,

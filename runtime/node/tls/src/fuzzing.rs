@@ -42,3 +42,28 @@ pub fn peer_alert(e: &io::Error) -> Option<u8> {
     let d = text.strip_prefix(zero.strip_suffix('0')?)?.parse().ok()?;
     (Error::PeerAlert(d).to_string() == text).then_some(d)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_peer_alert_reads_back_from_the_error_a_read_returns_and_from_its_copies() {
+        for d in [0, 10, 40, 90, 255] {
+            let e = io::Error::from(Error::PeerAlert(d));
+            assert_eq!(peer_alert(&e), Some(d));
+            // What a stream keeps and returns again: the kind and the text.
+            let kept = io::Error::new(e.kind(), e.to_string());
+            assert_eq!(peer_alert(&kept), Some(d));
+        }
+        for other in [
+            io::Error::from(Error::UnexpectedMessage("peer sent TLS alert 7")),
+            io::Error::from(Error::BadRecordMac),
+            io::Error::new(io::ErrorKind::InvalidData, "peer sent TLS alert 256"),
+            io::Error::new(io::ErrorKind::InvalidData, "peer sent TLS alert 07"),
+            io::Error::from(io::ErrorKind::UnexpectedEof),
+        ] {
+            assert_eq!(peer_alert(&other), None, "{other}");
+        }
+    }
+}
