@@ -277,8 +277,21 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
                 continue;
             }
             let delivered = out.filled().len() > before;
-            if let Some(e) = &this.read_error {
-                return Poll::Ready(if delivered { Ok(()) } else { Err(e.io()) });
+            if this.read_error.is_some() {
+                // A fatal alert the transport could not take when the read failed goes out with each later read
+                // as well as with writes, so an application that only reads (and then drops the stream) still
+                // tells the peer why.
+                if this.queued > 0
+                    && this.write_error.is_none()
+                    && let Poll::Ready(Err(e)) = this.poll_write_out(cx)
+                {
+                    this.fail_write(e);
+                }
+                let e = this.read_error.as_ref().map(Sticky::io);
+                return Poll::Ready(match e {
+                    Some(e) if !delivered => Err(e),
+                    _ => Ok(()),
+                });
             }
             if this.read_closed {
                 return Poll::Ready(Ok(()));

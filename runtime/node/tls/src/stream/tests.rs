@@ -22,6 +22,14 @@ async fn pair() -> (Stream, Stream) {
 }
 
 async fn pair_with(client_config: impl FnOnce(&mut rustls::ClientConfig)) -> (Stream, Stream) {
+    pair_over(64 * 1024, client_config).await
+}
+
+/// A pair over an in-memory stream that holds `capacity` bytes each way.
+async fn pair_over(
+    capacity: usize,
+    client_config: impl FnOnce(&mut rustls::ClientConfig),
+) -> (Stream, Stream) {
     let key = rcgen::KeyPair::generate().unwrap();
     let cert = rcgen::CertificateParams::new(vec!["node.test".to_string()])
         .unwrap()
@@ -48,7 +56,7 @@ async fn pair_with(client_config: impl FnOnce(&mut rustls::ClientConfig)) -> (St
         .with_no_client_auth();
     client.enable_secret_extraction = true;
     client_config(&mut client);
-    let (c, s) = tokio::io::duplex(64 * 1024);
+    let (c, s) = tokio::io::duplex(capacity);
     let name = ServerName::try_from("node.test").unwrap();
     let (a, b) = tokio::join!(
         crate::connect(Arc::new(client), name, c),
@@ -467,4 +475,31 @@ async fn close_notify_goes_under_a_new_key_once_the_old_one_is_at_its_limit() {
     assert_eq!(a.tx.seq, 1, "{:?}", a.tx);
     assert_eq!(b.read(&mut [0u8; 8]).await.unwrap(), 0);
     assert_eq!(b.rx.seq, 1, "{:?}", b.rx);
+}
+
+#[tokio::test]
+async fn an_alert_the_transport_could_not_take_goes_out_with_later_reads() {
+    // `b`'s way to `a` holds 1 KiB: 8 KiB of data from `b` (records of 512 bytes) wait in its queue when its read
+    // fails.
+    let (mut a, mut b) = pair_over(1024, |_| {}).await;
+    let data: Vec<u8> = (0..8 * 1024u32).map(|i| (i % 251) as u8).collect();
+    for chunk in data.chunks(512) {
+        assert_eq!(b.write(chunk).await.unwrap(), chunk.len());
+    }
+    send_records(&mut a, &[(99, b"?")]).await;
+    read_fails(&mut b, "unknown content type").await;
+    assert!(b.queued > 0, "the alert waits behind the data");
+    // `b`'s application only reads (each read fails again) and `a` drains: the data, then the alert.
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    let err = loop {
+        assert!(b.read(&mut [0u8; 16]).await.is_err());
+        match tokio::time::timeout(Duration::from_secs(10), a.read(&mut buf)).await {
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Ok(Err(e)) => break e,
+            Err(_) => panic!("nothing more reached `a` after {} bytes", got.len()),
+        }
+    };
+    assert!(got == data, "{} bytes of {}", got.len(), data.len());
+    assert!(err.to_string().contains("alert 10"), "{err}");
 }
