@@ -523,8 +523,9 @@ fn bad_config_is_rejected() {
 
 /// The policies istiod makes of PeerAuthentications and waypoints (istio/istio at
 /// 86c9f01fd735fb01d8192f5bcaf0d424afb7f14c), as weft's xDS conversion holds them:
-/// `runtime/node/state/tests/istio_ambient.rs` builds istiod's protobuf and asserts `weft_state::xds::authorization`
-/// yields exactly these values, names included (this crate does not depend on the protobuf types).
+/// `runtime/node/state/tests/istio_ambient_policies.rs` builds istiod's protobuf and asserts
+/// `weft_state::xds::authorization` yields exactly these values, names included (this crate does not depend on the
+/// protobuf types).
 mod istiod {
     use std::sync::Arc;
 
