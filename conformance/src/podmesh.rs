@@ -118,6 +118,23 @@ impl PodNs {
     pub fn path(&self) -> PathBuf {
         format!("/var/run/netns/{}", self.ns.name).into()
     }
+
+    /// Start an echo server on the pod's address, port 8080, on a thread inside the pod's namespace, and return its
+    /// address once it listens (panics if it does not within 30 s: test support).
+    pub fn spawn_echo(&self) -> std::net::SocketAddr {
+        let addr = std::net::SocketAddr::from((self.ip, 8080));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let _ = self.ns.run(move || async move {
+            let (_, serving) = weft_devmesh::workload::echo_server(addr)
+                .await
+                .unwrap_or_else(|e| panic!("echo server on {addr}: {e}"));
+            let _ = tx.send(());
+            let _ = serving.await;
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("echo server on {addr} did not start: {e}"));
+        addr
+    }
 }
 
 fn restore(ns: &Netns, rules: &str) -> Result<(), String> {

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use weft_conformance::cni::Agent;
 use weft_conformance::eventually;
-use weft_conformance::podmesh::{Nodes, PodNs, mesh_yaml};
+use weft_conformance::podmesh::{Nodes, mesh_yaml};
 use weft_devmesh::control::write_tokens;
 use weft_devmesh::netns::Netns;
 use weft_devmesh::{NodeOptions, NodeProcess, workload};
@@ -223,19 +223,6 @@ fn spawn_control(ns: &Netns, dir: &Path, tokens: &Path, log: &str) -> Proc {
     spawn_in(&ns.name, &weft, &args, &dir.join(log))
 }
 
-/// An echo server on `pod`'s address, port 8080, inside the pod's namespace.
-fn echo_in(pod: &PodNs) -> SocketAddr {
-    let addr = SocketAddr::from((pod.ip, 8080));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let _ = pod.ns.run(move || async move {
-        let (_, t) = workload::echo_server(addr).await.unwrap();
-        tx.send(()).unwrap();
-        let _ = t.await;
-    });
-    rx.recv_timeout(WAIT).unwrap();
-    addr
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_ztunnel_dashboard_expression_returns_series_from_weft() {
     let prometheus = Path::new("/usr/bin/prometheus");
@@ -289,7 +276,7 @@ async fn every_ztunnel_dashboard_expression_returns_series_from_weft() {
     }
 
     // Traffic: client pod → echo pod (captured on both sides), and DNS from the client pod.
-    let dst = echo_in(&server);
+    let dst = server.spawn_echo();
     let pod_ns = client.ns.name.clone();
     let data = b"dashboard".to_vec();
     let back = eventually(WAIT, "a round trip", || {

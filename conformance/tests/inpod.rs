@@ -21,7 +21,7 @@ async fn pod_to_pod_under_tproxy_rules() {
 async fn pod_to_pod(m: Mesh) {
     let a = m.start_node(false, "127.0.0.1", "a").await;
     let b = m.start_node(true, "127.0.0.1", "b").await;
-    let dst = echo_in(&m.server);
+    let dst = m.server.spawn_echo();
     let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
     let back = round_trip_from(&m.client, dst, data.clone()).await.unwrap();
     assert!(back == data, "echo corrupted: {} bytes back", back.len());
@@ -193,7 +193,7 @@ async fn del_workload_closes_the_pod_listeners_and_a_re_add_restores_them_under_
 async fn del_workload_closes_the_pod_listeners_and_a_re_add_restores_them_with(m: Mesh) {
     let _a = m.start_node(false, "127.0.0.1", "a").await;
     let b = m.start_node(true, "127.0.0.1", "b").await;
-    let dst = echo_in(&m.server);
+    let dst = m.server.spawn_echo();
     let hbone = SocketAddr::from((m.server.ip, 15008));
     assert_eq!(
         round_trip_from(&m.client, dst, b"before".to_vec())
@@ -260,7 +260,7 @@ async fn a_restarted_weft_gets_the_snapshot_again_and_serves_the_pod_under_tprox
 async fn a_restarted_weft_gets_the_snapshot_again_and_serves_the_pod_with(m: Mesh) {
     let _a = m.start_node(false, "127.0.0.1", "a").await;
     let mut b = m.start_node(true, "127.0.0.1", "b").await;
-    let dst = echo_in(&m.server);
+    let dst = m.server.spawn_echo();
     assert_eq!(
         round_trip_from(&m.client, dst, b"one".to_vec())
             .await
@@ -306,7 +306,7 @@ async fn a_malformed_message_gets_an_error_ack_and_other_pods_keep_serving() {
         m.agent_b.add_pod(second.agent_pod()).await,
         Ok(String::new())
     );
-    let dst = echo_in(&m.server);
+    let dst = m.server.spawn_echo();
     let hbone2 = SocketAddr::from((second.ip, 15008));
     assert!(listening(&m.nodes.b, hbone2).await);
 

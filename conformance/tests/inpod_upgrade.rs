@@ -40,7 +40,7 @@ async fn upgrade_overlap(m: Mesh) {
     let drain = ["--drain-deadline", "3s"];
     let mut a1 = m.start_node_with(false, "127.0.0.1", "a1", &drain).await;
     let mut b1 = m.start_node_with(true, "127.0.0.1", "b1", &drain).await;
-    let dst = echo_in(&m.server);
+    let dst = m.server.spawn_echo();
 
     let tally = Arc::new(Mutex::new(Tally::default()));
     let stop = Arc::new(AtomicBool::new(false));

@@ -48,19 +48,6 @@ pub fn spawn_weft(
     NodeProcess::spawn(&weft, &opts).unwrap()
 }
 
-/// An echo server on `pod`'s address, port 8080, running on a thread inside the pod's namespace.
-pub fn echo_in(pod: &PodNs) -> SocketAddr {
-    let addr = SocketAddr::from((pod.ip, 8080));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let _ = pod.ns.run(move || async move {
-        let (_, t) = workload::echo_server(addr).await.unwrap();
-        tx.send(()).unwrap();
-        let _ = t.await;
-    });
-    rx.recv_timeout(WAIT).unwrap();
-    addr
-}
-
 /// A server on `pod`'s address, port 8081, that answers each connection with the address it sees as the peer (as
 /// an application logging or authorizing by peer address would) and closes.
 pub fn whoami_in(pod: &PodNs) -> SocketAddr {
