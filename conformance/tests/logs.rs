@@ -50,7 +50,8 @@ async fn text_lines_on_a_pipe_have_no_terminal_escape_codes() {
     );
 }
 
-/// Every JSON line is one object with a timestamp, a level, a target and a message.
+/// Every JSON line is one object with ztunnel's keys (`src/telemetry.rs` `IstioJsonFormat`): `time`, a lower-case
+/// `level`, `scope` (the target) and `message`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_lines_are_one_object_each_with_the_fields_shippers_key_on() {
     let log = ready_log(86, "json").await;
@@ -58,11 +59,13 @@ async fn json_lines_are_one_object_each_with_the_fields_shippers_key_on() {
     for line in log.lines() {
         let v: serde_json::Value =
             serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
-        let ts = v["timestamp"].as_str().unwrap_or_else(|| panic!("{line}"));
+        let ts = v["time"].as_str().unwrap_or_else(|| panic!("{line}"));
         humantime::parse_rfc3339(ts).unwrap_or_else(|e| panic!("{e}: {line}"));
-        for k in ["level", "target", "message"] {
+        for k in ["level", "scope", "message"] {
             assert!(v[k].is_string(), "{k} in {line}");
         }
+        let level = v["level"].as_str().unwrap_or_default();
+        assert_eq!(level, level.to_ascii_lowercase(), "{line}");
         seen += 1;
     }
     assert!(log.contains("\"message\":\"weft starting\""), "{log}");

@@ -1,16 +1,19 @@
-//! The JSON log line format (`--log-format json`): each field written straight into the line as it is visited.
+//! The JSON log line format (`--log-format json`): ztunnel's keys, each field written straight into the line as it
+//! is visited.
 //!
-//! The lines carry what `tracing-subscriber`'s JSON format (flattened event, span list) writes: `timestamp`
-//! (RFC 3339, microseconds, UTC), `level`, the event's fields (`message` among them), `target`, and `spans`, the
-//! enclosing spans from the root, each its fields and `name`. What differs is the cost: that format renders every
-//! `Debug`/`Display` field into a `String` of its own before escaping it, and parses each enclosing span's stored
-//! fields back from JSON for every line. Here a value is escaped as it is formatted, and a span keeps its fields as a
-//! ready JSON fragment (`"k":v,"k2":v2`) that a line copies. Every connection writes an access line on each node, so
-//! this is on the data path of every connection (it was 5 % of a node's CPU at a high connection rate).
+//! A line carries what ztunnel's JSON format (`LOG_FORMAT=json`, `src/telemetry.rs` `IstioJsonFormat`) writes, in
+//! its order: `level` (lower case), `time` (RFC 3339, microseconds, UTC), `scope` (the event's target, as it is:
+//! `access` for an access line, a module path such as `weft_proxy::conn` otherwise), the event's fields at top level
+//! (`message` among them), then each enclosing span from the root as a key of its name holding an object of its
+//! fields. weft adds `target` (the same value as `scope`), which lines read before `scope` existed. Unlike ztunnel,
+//! events the `log` crate's records became (rustls logs that way) are written without tracing-log's `log.*`
+//! bookkeeping fields.
 //!
-//! Events the `log` crate's records became (rustls logs that way) are written with their own target and level,
-//! without tracing-log's `log.*` bookkeeping fields. A span field recorded again after the span was created is
-//! appended: the line then has the key twice and JSON readers take the later value.
+//! What differs from a serializer is the cost: a value is escaped as it is formatted, never rendered into a `String`
+//! of its own first, and a span keeps its fields as a ready JSON fragment (`"k":v,"k2":v2`) that a line copies,
+//! never parsed back. Every connection writes an access line on each node, so this is on the data path of every
+//! connection (it was 5 % of a node's CPU at a high connection rate). A span field recorded again after the span
+//! was created is appended: the span's object then has the key twice and JSON readers take the later value.
 
 use std::fmt::{self, Write as _};
 
@@ -44,12 +47,14 @@ where
             let normalized = event.normalized_metadata();
             let meta = normalized.as_ref().unwrap_or_else(|| event.metadata());
             let from_log = normalized.is_some();
+            line.push_str("{\"level\":\"");
+            line.push_str(lower_case(meta.level()));
             write!(
                 line,
-                "{{\"timestamp\":\"{}\",\"level\":\"{}\"",
-                humantime::format_rfc3339_micros(std::time::SystemTime::now()),
-                meta.level()
+                "\",\"time\":\"{}\",\"scope\":",
+                humantime::format_rfc3339_micros(std::time::SystemTime::now())
             )?;
+            push_str_escaped(line, meta.target());
             let mut fields = FieldWriter {
                 w: &mut *line,
                 first: false,
@@ -58,29 +63,20 @@ where
             };
             event.record(&mut fields);
             fields.result?;
+            if let Some(scope) = ctx.event_scope() {
+                for span in scope.from_root() {
+                    let ext = span.extensions();
+                    if let Some(f) = ext.get::<FormattedFields<N>>() {
+                        line.push(',');
+                        push_str_escaped(line, span.name());
+                        line.push_str(":{");
+                        line.push_str(f);
+                        line.push('}');
+                    }
+                }
+            }
             line.push_str(",\"target\":");
             push_str_escaped(line, meta.target());
-            if let Some(scope) = ctx.event_scope() {
-                line.push_str(",\"spans\":[");
-                for (i, span) in scope.from_root().enumerate() {
-                    if i > 0 {
-                        line.push(',');
-                    }
-                    line.push('{');
-                    let ext = span.extensions();
-                    match ext.get::<FormattedFields<N>>() {
-                        Some(f) if !f.is_empty() => {
-                            line.push_str(f);
-                            line.push(',');
-                        }
-                        _ => {}
-                    }
-                    line.push_str("\"name\":");
-                    push_str_escaped(line, span.name());
-                    line.push('}');
-                }
-                line.push(']');
-            }
             line.push_str("}\n");
             Ok(())
         })
@@ -122,6 +118,17 @@ impl<'w> FormatFields<'w> for JsonSpanFields {
             fields.record(&mut v);
             v.result
         })
+    }
+}
+
+/// A level as ztunnel writes it: lower case.
+fn lower_case(level: &tracing::Level) -> &'static str {
+    match *level {
+        tracing::Level::TRACE => "trace",
+        tracing::Level::DEBUG => "debug",
+        tracing::Level::INFO => "info",
+        tracing::Level::WARN => "warn",
+        tracing::Level::ERROR => "error",
     }
 }
 
@@ -364,7 +371,7 @@ mod tests {
         }
         tracing::info!(target: "plain", "no span");
         let outer = tracing::info_span!(
-            "conn",
+            "inbound",
             conn = 7u64,
             peer = "spiffe://td/ns/a/sa/b",
             late = tracing::field::Empty
@@ -412,21 +419,34 @@ mod tests {
         sink.lines()
     }
 
+    /// The keys only this format writes (tracing-subscriber's has `timestamp` and `spans` instead), or writes
+    /// otherwise (`level` in lower case).
+    const OURS_ONLY: [&str; 4] = ["level", "time", "scope", "target"];
+
     #[test]
-    fn lines_read_back_as_tracing_subscribers_json_format_does() {
-        let mut ours = capture(false);
-        let mut theirs = capture(true);
+    fn event_fields_read_back_as_tracing_subscribers_json_format_writes_them() {
+        let ours = capture(false);
+        let theirs = capture(true);
         assert_eq!(ours.len(), 2);
-        for (o, t) in ours.iter_mut().zip(theirs.iter_mut()) {
-            let (ot, tt) = (o["timestamp"].take(), t["timestamp"].take());
-            for ts in [&ot, &tt] {
-                let ts = ts.as_str().unwrap();
-                assert_eq!(ts.len(), "2026-12-04T18:15:17.123456Z".len(), "{ts}");
-                humantime::parse_rfc3339(ts).unwrap();
+        for (o, t) in ours.iter().zip(theirs.iter()) {
+            let (o, t) = (o.as_object().unwrap(), t.as_object().unwrap());
+            // Every event field, with the value and JSON type tracing-subscriber gives it.
+            for (k, v) in t {
+                if !["timestamp", "level", "target", "spans"].contains(&k.as_str()) {
+                    assert_eq!(o.get(k), Some(v), "{k}");
+                }
             }
+            let spans = o
+                .keys()
+                .filter(|k| !t.contains_key(*k) && !OURS_ONLY.contains(&k.as_str()));
+            assert_eq!(
+                spans.count(),
+                t.get("spans").map_or(0, |s| s.as_array().unwrap().len())
+            );
         }
-        assert_eq!(ours, theirs);
         let access = &ours[1];
+        assert_eq!(access["scope"], "access");
+        assert_eq!(access["level"], "warn");
         assert_eq!(access["message"], "connection 7 complete");
         assert_eq!(access["whole"], 2.0);
         assert_eq!(access["nan"], Value::Null);
@@ -434,8 +454,11 @@ mod tests {
             access["text"],
             "quote \" backslash \\ newline \n unicode é ✓"
         );
-        assert_eq!(access["spans"][0]["late"], true);
-        assert_eq!(access["spans"][1]["name"], "relay");
+        assert_eq!(
+            access["inbound"],
+            serde_json::json!({"conn": 7, "peer": "spiffe://td/ns/a/sa/b", "late": true})
+        );
+        assert_eq!(access["relay"], serde_json::json!({}));
     }
 
     #[test]
@@ -452,10 +475,10 @@ mod tests {
         let text = String::from_utf8(bytes).unwrap();
         assert_eq!(text.matches('\n').count(), 1, "{text}");
         let v: Value = serde_json::from_str(text.trim_end()).unwrap();
-        assert_eq!(v["level"], "ERROR");
+        assert_eq!(v["level"], "error");
         assert_eq!(v["message"], "bad\r\nthing");
         assert_eq!(v["detail"], "\"multi\\nline\"");
-        assert_eq!(v["spans"][0]["f"], "x\ny");
+        assert_eq!(v["s"]["f"], "x\ny");
         // Only a `log` record's bookkeeping fields are left out, not a tracing event's own field of that name.
         assert_eq!(v["log.kept"], 1);
     }
@@ -476,8 +499,9 @@ mod tests {
         let lines = sink.lines();
         assert_eq!(lines.len(), 1);
         let v = lines[0].as_object().unwrap();
+        assert_eq!(v["scope"], "rustls::conn");
         assert_eq!(v["target"], "rustls::conn");
-        assert_eq!(v["level"], "WARN");
+        assert_eq!(v["level"], "warn");
         assert_eq!(v["message"], "peer sent close_notify alert");
         assert!(!v.keys().any(|k| k.starts_with("log.")), "{v:?}");
     }
