@@ -1,8 +1,14 @@
-//! weft's Delta ADS client (`envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources`), as
-//! ztunnel speaks it to istiod: TLS with a configured root, a bearer token re-read from its file on every connect,
-//! ztunnel's node id and metadata, wildcard subscriptions, per-resource ACK/NACK, reconnect with backoff and
-//! `initial_resource_versions`. It knows nothing of what the resources mean: a [`Handler`] per type URL applies them
-//! (weft's node converts them into `weft-state`'s model) and returns what it refused.
+//! Both ends of Delta ADS (`envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources`),
+//! knowing nothing of what the resources mean.
+//!
+//! The client, as ztunnel speaks it to istiod: TLS with a configured root, a bearer token re-read from its file on
+//! every connect, ztunnel's node id and metadata, wildcard subscriptions, per-resource ACK/NACK, reconnect with
+//! backoff and `initial_resource_versions`. A [`Handler`] per type URL applies the resources (weft's node converts
+//! them into `weft-state`'s model) and returns what it refused.
+//!
+//! The server's protocol state ([`server`]): per stream and type, the subscription (wildcard or names), what the
+//! node has, the responses awaiting ACK or NACK, and the next response (only what changed) from what the server
+//! offers; weft control serves its snapshot through it.
 //!
 //! ```no_run
 //! # use std::sync::Arc;
@@ -24,6 +30,7 @@ pub mod error;
 pub mod handler;
 pub mod node;
 mod pending;
+pub mod server;
 pub mod status;
 #[cfg(feature = "testing")]
 pub mod testing;
