@@ -5,6 +5,10 @@
 //! of `WeftPlugin` files modelled on Istio's WasmPlugin, with staged rollout to chosen nodes. Changes go out as
 //! deltas; every ACK and NACK is recorded per node (log, metrics, status endpoint); callers are authenticated by
 //! bearer token over TLS.
+//!
+//! The protocol's per-stream state (subscriptions, what each node has, ACK/NACK matching, the deltas) is
+//! `weft_xds::server`'s; this crate holds what is served and to whom ([`resources`], [`publish`]), the records
+//! ([`registry`], [`metrics`], [`status`]), authentication ([`ads`]), and the glue of one stream ([`stream`]).
 
 pub mod ads;
 pub mod cli;

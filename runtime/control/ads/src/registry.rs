@@ -14,6 +14,9 @@ use weft_proto::weft::plugin::v1::RollbackReport;
 
 use crate::metrics::{Metrics, PluginLabel, TypeLabel};
 
+/// What a response carried, matched with its ACK or NACK by the stream's Delta state.
+pub use weft_xds::server::Sent;
+
 /// How many rollbacks and NACKs a node record keeps.
 const KEEP: usize = 16;
 
@@ -171,17 +174,6 @@ pub struct Registry {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// What a response carried, to be matched with its ACK or NACK.
-#[derive(Debug, Clone)]
-pub struct Sent {
-    /// Upserts: name → version.
-    pub resources: Vec<(String, String)>,
-    /// Removals.
-    pub removed: Vec<String>,
-    /// When it was sent.
-    pub at: tokio::time::Instant,
 }
 
 impl Registry {

@@ -132,14 +132,18 @@ pub struct PluginEntry {
     pub base_info: Option<PluginInfo>,
 }
 
-/// What one node should have of one resource.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Desired {
-    /// This version.
-    Serve(Arc<Resource>),
-    /// Whatever it runs: neither sent nor removed.
-    Keep,
+impl weft_xds::server::ServedResource for Resource {
+    fn version(&self) -> &str {
+        &self.version
+    }
+    fn body(&self) -> &prost_types::Any {
+        &self.body
+    }
 }
+
+/// What one node should have of one resource: `Serve` this version, or `Keep` whatever it runs (neither sent nor
+/// removed).
+pub type Desired = weft_xds::server::Offered<Arc<Resource>>;
 
 /// Everything served, at one moment. Immutable; a change publishes a new one.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -1,9 +1,11 @@
-//! One node's Delta ADS stream: subscriptions per type (wildcard or by name), what was sent to the node (name →
-//! version, seeded from `initial_resource_versions` so a reconnecting node gets only what differs), and the
-//! responses not yet answered (matched to ACKs and NACKs by nonce). On every new snapshot only changed and removed
-//! resources go out; a type with nothing to say sends nothing.
+//! One node's Delta ADS stream, the glue between weft-xds's protocol state ([`weft_xds::server::DeltaStream`]:
+//! subscriptions, what the node has, ACK/NACK matching, the diffs) and what is weft control's own: the refusals,
+//! the node's identity (its name for staged rollout, bound to the caller's token), the snapshot it serves from
+//! (what each node should have, see [`Snapshot::desired`]), and the registry's records of every response, ACK,
+//! NACK and rollback report. Every request and every new snapshot goes through the Delta state; only what it says
+//! to send goes out.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -11,38 +13,23 @@ use prost::Message as _;
 use tokio::sync::{mpsc, watch};
 use tonic::{Status, Streaming};
 use weft_grpc_server::Caller;
-use weft_proto::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource as WireResource,
-};
+use weft_proto::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
 use weft_proto::weft::plugin::v1::RollbackReport;
+use weft_xds::server::{Answer, DeltaStream, Push, SubscriptionChange};
 
 use crate::metrics::ReasonLabel;
 use crate::publish::Publisher;
-use crate::registry::{NodeRecord, Registry, Sent};
-use crate::resources::{Desired, NodeKey, Snapshot};
-
-/// Responses a node has not answered that a stream remembers (older ones are forgotten: their ACK then only
-/// counts as stale).
-const MAX_PENDING: usize = 64;
+use crate::registry::{NodeRecord, Registry};
+use crate::resources::{NodeKey, Snapshot};
 
 /// The metadata key of the node name.
 const NODE_NAME: &str = "NODE_NAME";
-
-#[derive(Debug, Default)]
-struct TypeState {
-    wildcard: bool,
-    names: BTreeSet<String>,
-    /// What the node has (or was sent): name → version.
-    sent: HashMap<String, String>,
-    pending: BTreeMap<u64, Sent>,
-}
 
 struct NodeStream {
     registry: Arc<Registry>,
     stream: u64,
     node: NodeKey,
-    types: BTreeMap<String, TypeState>,
-    nonce: u64,
+    delta: DeltaStream,
     tx: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
 }
 
@@ -138,8 +125,7 @@ pub async fn run(
             id: node.id.clone(),
             name,
         },
-        types: BTreeMap::new(),
-        nonce: 0,
+        delta: DeltaStream::new(),
         tx,
     };
     let mut snapshots: watch::Receiver<Arc<Snapshot>> = publisher.subscribe();
@@ -161,9 +147,9 @@ pub async fn run(
                         return Err(End::Closed("server stopping".into()));
                     }
                     let snap = snapshots.borrow_and_update().clone();
-                    let types: Vec<String> = s.types.keys().cloned().collect();
+                    let types: Vec<String> = s.delta.type_urls().map(str::to_owned).collect();
                     for t in types {
-                        s.push(&t, &snap, false, &[]).await?;
+                        s.push(&t, &snap, None).await?;
                     }
                 }
             }
@@ -178,168 +164,71 @@ pub async fn run(
 
 impl NodeStream {
     async fn handle(&mut self, req: DeltaDiscoveryRequest, snap: &Snapshot) -> Result<(), End> {
-        let type_url = req.type_url.clone();
-        if !Snapshot::serves(&type_url) {
+        let type_url = req.type_url.as_str();
+        if !Snapshot::serves(type_url) {
             tracing::warn!(r#type = %type_url, "request for a type weft control does not serve; ignored");
             return Ok(());
         }
-        let node_id = self.node.id.clone();
-        let is_new = !self.types.contains_key(&type_url);
-        let ts = self.types.entry(type_url.clone()).or_default();
-        // ACK or NACK.
-        if !req.response_nonce.is_empty() || req.error_detail.is_some() {
-            let sent = req
-                .response_nonce
-                .parse::<u64>()
-                .ok()
-                .and_then(|n| ts.pending.remove(&n));
-            match (&req.error_detail, &sent) {
-                (None, Some(sent)) => {
-                    self.registry
-                        .ack(self.stream, &node_id, &type_url, &req.response_nonce, sent);
-                }
-                (None, None) => {
-                    tracing::debug!(nonce = %req.response_nonce, "ACK of an unknown or forgotten response");
-                }
-                (Some(status), sent) => {
-                    let rollbacks = rollback_reports(status);
-                    self.registry.nack(
-                        self.stream,
-                        &node_id,
-                        &type_url,
-                        &req.response_nonce,
-                        sent.as_ref(),
-                        status,
-                        &rollbacks,
-                    );
-                }
+        let received = self.delta.receive(&req);
+        match &received.answer {
+            None => {}
+            Some(Answer::Ack { nonce, sent }) => {
+                self.registry
+                    .ack(self.stream, &self.node.id, type_url, nonce, sent);
+            }
+            Some(Answer::Stale { nonce }) => {
+                tracing::debug!(%nonce, "ACK of an unknown or forgotten response");
+            }
+            Some(Answer::Nack { nonce, sent, error }) => {
+                let rollbacks = rollback_reports(error);
+                self.registry.nack(
+                    self.stream,
+                    &self.node.id,
+                    type_url,
+                    nonce,
+                    sent.as_ref(),
+                    error,
+                    &rollbacks,
+                );
             }
         }
-        // Subscriptions.
-        let mut newly_named = Vec::new();
-        if is_new {
-            ts.wildcard = req.resource_names_subscribe.is_empty()
-                || req.resource_names_subscribe.iter().any(|n| n == "*");
-            for n in req.resource_names_subscribe.iter().filter(|n| *n != "*") {
-                ts.names.insert(n.clone());
-                newly_named.push(n.clone());
+        if let Some(change) = &received.change {
+            if let Some(sub) = self.delta.subscription(type_url) {
+                self.registry.subscribed(
+                    self.stream,
+                    type_url,
+                    sub.wildcard(),
+                    sub.names().map(str::to_owned).collect(),
+                );
             }
-            ts.sent = req.initial_resource_versions.clone().into_iter().collect();
-        } else {
-            for n in &req.resource_names_subscribe {
-                if n == "*" {
-                    ts.wildcard = true;
-                } else if ts.names.insert(n.clone()) {
-                    newly_named.push(n.clone());
-                }
-            }
-            for n in &req.resource_names_unsubscribe {
-                if n == "*" {
-                    ts.wildcard = false;
-                } else {
-                    ts.names.remove(n);
-                    ts.sent.remove(n);
-                }
-            }
-        }
-        let changed_subs = is_new
-            || !req.resource_names_subscribe.is_empty()
-            || !req.resource_names_unsubscribe.is_empty();
-        if changed_subs {
-            self.registry.subscribed(
-                self.stream,
-                &type_url,
-                ts.wildcard,
-                ts.names.iter().cloned().collect(),
-            );
-            self.push(&type_url, snap, is_new, &newly_named).await?;
+            self.push(type_url, snap, Some(change)).await?;
         }
         Ok(())
     }
 
-    /// Send what differs between `snap` and what the node has, for one type. `force`: send even when nothing
-    /// differs (the answer to a new subscription). `newly_named`: names just subscribed to, reported as removed
-    /// when they do not exist.
+    /// Send what differs between `snap` and what the node has, for one type (`change`: the subscription change
+    /// being answered).
     async fn push(
         &mut self,
         type_url: &str,
         snap: &Snapshot,
-        force: bool,
-        newly_named: &[String],
+        change: Option<&SubscriptionChange>,
     ) -> Result<(), End> {
-        let Some(ts) = self.types.get_mut(type_url) else {
+        let desired = snap.desired(type_url, &self.node);
+        let Some(Push { response, sent }) =
+            self.delta
+                .respond(type_url, &desired, change, &snap.version.to_string())
+        else {
             return Ok(());
-        };
-        let mut desired = snap.desired(type_url, &self.node);
-        if !ts.wildcard {
-            desired.retain(|name, _| ts.names.contains(name));
-        }
-        let mut resources = Vec::new();
-        for (name, d) in &desired {
-            if let Desired::Serve(r) = d
-                && ts.sent.get(name) != Some(&r.version)
-            {
-                resources.push(r.clone());
-            }
-        }
-        let mut removed: Vec<String> = ts
-            .sent
-            .keys()
-            .filter(|n| !desired.contains_key(*n))
-            .cloned()
-            .collect();
-        for n in newly_named {
-            if !desired.contains_key(n) && !removed.contains(n) {
-                removed.push(n.clone());
-            }
-        }
-        removed.sort();
-        if resources.is_empty() && removed.is_empty() && !force {
-            return Ok(());
-        }
-        self.nonce += 1;
-        let nonce = self.nonce;
-        for r in &resources {
-            ts.sent.insert(r.name.clone(), r.version.clone());
-        }
-        for n in &removed {
-            ts.sent.remove(n);
-        }
-        let sent = Sent {
-            resources: resources
-                .iter()
-                .map(|r| (r.name.clone(), r.version.clone()))
-                .collect(),
-            removed: removed.clone(),
-            at: tokio::time::Instant::now(),
         };
         self.registry.sent(self.stream, type_url, &sent);
-        ts.pending.insert(nonce, sent);
-        while ts.pending.len() > MAX_PENDING {
-            ts.pending.pop_first();
-        }
         tracing::debug!(
             r#type = type_url,
-            nonce,
-            resources = resources.len(),
-            removed = removed.len(),
+            nonce = %response.nonce,
+            resources = sent.resources.len(),
+            removed = sent.removed.len(),
             "push"
         );
-        let response = DeltaDiscoveryResponse {
-            system_version_info: snap.version.to_string(),
-            resources: resources
-                .iter()
-                .map(|r| WireResource {
-                    version: r.version.clone(),
-                    resource: Some(r.body.clone()),
-                    name: r.name.clone(),
-                    ..Default::default()
-                })
-                .collect(),
-            type_url: type_url.to_owned(),
-            nonce: nonce.to_string(),
-            removed_resources: removed,
-        };
         self.tx
             .send(Ok(response))
             .await
