@@ -1,8 +1,8 @@
 # syntax=docker/dockerfile:1
-# weft's image: `weft` (the node proxy `weft run`, and the plugin control plane `weft control`) and `weft-ca` (the
+# weft's image: `weft` (the node proxy, `weft run`), `weft-control` (the plugin control plane) and `weft-ca` (the
 # reference Istio-protocol CA). Built with the toolchain rust-toolchain.toml pins; run on distroless (glibc,
 # libgcc, the CA bundle, no shell, no package manager) as the non-root user. The node proxy's DaemonSet overrides
-# the user with uid 0 and exactly the capabilities it needs (charts/weft explains each one); `weft control` and
+# the user with uid 0 and exactly the capabilities it needs (charts/weft explains each one); `weft-control` and
 # `weft-ca` keep the image's non-root user.
 #
 #   docker build -t weft:dev .
@@ -22,15 +22,16 @@ COPY . .
 RUN --mount=type=cache,id=weft-cargo-registry,target=/usr/local/cargo/registry \
     --mount=type=cache,id=weft-target,target=/src/target \
     --mount=type=cache,id=weft-target-wasm,target=/src/target-wasm \
-    cargo build --release --locked -p weft -p weft-ca-server \
+    cargo build --release --locked -p weft -p weft-control -p weft-ca-server \
     && install -D -m 0755 target/release/weft /out/weft \
+    && install -D -m 0755 target/release/weft-control /out/weft-control \
     && install -D -m 0755 target/release/weft-ca /out/weft-ca
 
 FROM gcr.io/distroless/cc-debian12:nonroot AS runtime
 # The Istio release weft reports itself as to istiod (node metadata ISTIO_VERSION), as Istio's ztunnel image does.
 ARG ISTIO_VERSION=1.32.0
 ENV ISTIO_META_ISTIO_VERSION=${ISTIO_VERSION}
-COPY --from=build /out/weft /out/weft-ca /usr/local/bin/
+COPY --from=build /out/weft /out/weft-control /out/weft-ca /usr/local/bin/
 # distroless's nonroot user (65532:65532).
 USER 65532:65532
 # HBONE, metrics, readiness (admin 15000 is loopback-only and not exposed).

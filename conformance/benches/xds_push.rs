@@ -1,6 +1,6 @@
-//! Push-to-effect over xDS, end to end: a real `weft control` serving two real `weft run` nodes. Each push is a
+//! Push-to-effect over xDS, end to end: a real `weft-control` serving two real `weft run` nodes. Each push is a
 //! file write (the mesh file for a policy, a WeftPlugin file for a plugin); its effect is the first connection
-//! through the nodes whose verdict flipped. The time includes weft control's file poll (`--poll 20ms` here, so up
+//! through the nodes whose verdict flipped. The time includes weft-control's file poll (`--poll 20ms` here, so up
 //! to 20 ms of it is the poll), the Delta ADS push, the node's conversion (for a plugin: compile, pre-warm,
 //! configure, swap) and the connection itself. Prints median and p99 of each over BENCH_PUSHES pushes (default 40).
 //!   cargo bench -p weft-conformance --bench xds_push
@@ -124,7 +124,7 @@ fn main() {
             let text = doc(if deny { "9999" } else { "8080" });
             plugin.push(push(&mesh.a, a, echo, !deny, || put(&file, &text)).await);
         }
-        println!("push-to-effect over xDS (weft control -> 2 nodes; includes the control plane's 20 ms file poll)");
+        println!("push-to-effect over xDS (weft-control -> 2 nodes; includes the control plane's 20 ms file poll)");
         summary("policy (AuthorizationPolicy)", policy);
         summary("plugin (new WeftPlugin version)", plugin);
     });

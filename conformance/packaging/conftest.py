@@ -79,7 +79,16 @@ def weft_bin() -> Path:
     return p
 
 
+def control_bin() -> Path:
+    """The control plane binary .ci/test builds (target/debug/weft-control), or $WEFT_CONTROL_BIN."""
+    p = Path(os.environ.get("WEFT_CONTROL_BIN", REPO / "target" / "debug" / "weft-control"))
+    assert p.is_file(), f"{p} is missing: build it first (cargo build -p weft-control)"
+    return p
+
+
 def run_help(*args: str) -> str:
-    out = subprocess.run([str(weft_bin()), *args, "--help"], capture_output=True, text=True, check=False)
-    assert out.returncode == 0, f"weft {' '.join(args)} --help failed: {out.stderr}"
+    """`weft <args> --help`; with `control` first, `weft-control --help` (the control plane's own binary)."""
+    cmd = [str(control_bin()), *args[1:]] if args[:1] == ("control",) else [str(weft_bin()), *args]
+    out = subprocess.run([*cmd, "--help"], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, f"{' '.join(cmd)} --help failed: {out.stderr}"
     return out.stdout

@@ -1,5 +1,5 @@
 """Every flag and environment variable the chart sets is one weft reads: the rendered args and env of each variant
-against `weft run --help` (and `weft control --help`), and against the env names in runtime/node/weft/src."""
+against `weft run --help` (and `weft-control --help`), and against the env names in runtime/node/weft/src."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def parse_help(text: str) -> tuple[dict[str, Flag], set[str]]:
 
 
 def source_env_names() -> set[str]:
-    """`env = "NAME"` in the CLI definitions (`weft run` in runtime/node/weft/src, `weft control` in runtime/control/ads/src)."""
+    """`env = "NAME"` in the CLI definitions (`weft run` in runtime/node/weft/src, `weft-control` in runtime/control/ads/src)."""
     names = set()
     for crate in ("node/weft", "control/ads"):
         sources = list((REPO / "runtime" / crate / "src").rglob("*.rs"))
@@ -70,9 +70,16 @@ def check(container, command: str, cli):
     flags, env_names = cli
     source = source_env_names()
     problems = []
-    if container["args"][0] != command:
-        problems.append(f"args[0] is {container['args'][0]!r}, not {command!r}")
-    for arg in container["args"][1:]:
+    # `weft run` is the image's entrypoint with `run` first; the control plane is its own binary, `weft-control`.
+    if command == "control":
+        if container.get("command") != ["/usr/local/bin/weft-control"]:
+            problems.append(f"command is {container.get('command')!r}, not the weft-control binary")
+        flag_args = container["args"]
+    else:
+        if container.get("command") is not None or container["args"][0] != command:
+            problems.append(f"args[0] is {container['args'][0]!r}, not {command!r} (entrypoint weft)")
+        flag_args = container["args"][1:]
+    for arg in flag_args:
         name, eq, value = arg.removeprefix("--").partition("=")
         flag = flags.get(name)
         if not arg.startswith("--") or flag is None:

@@ -119,7 +119,7 @@ def test_migration_mode_runs_as_ztunnels_account_without_creating_it(render):
     # Even with serviceAccount.create left on: the one switch is enough.
     r = render({**MIGRATION, "serviceAccount": {"create": True, "name": "ztunnel"}})
     assert "ServiceAccount" not in r.kinds()
-    # weft control admits the node agents by that same account.
+    # weft-control admits the node agents by that same account.
     r = render({**MIGRATION, **{k: VARIANTS["control-plane"][k] for k in ["control"]}})
     (c,) = r.one("Deployment")["spec"]["template"]["spec"]["containers"]
     assert f"--node-accounts={NAMESPACE}/ztunnel" in c["args"]

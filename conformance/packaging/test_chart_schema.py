@@ -31,7 +31,7 @@ BAD = {
     "CA address with another scheme": ({"istio": {"caAddress": "grpc://istiod:15012"}}, "/istio/caAddress"),
     "xDS address with a path": ({"istio": {"xdsAddress": "istiod.istio-system.svc:15012/x"}}, "/istio/xdsAddress"),
     "xDS address port too long": ({"istio": {"xdsAddress": "istiod:150120"}}, "/istio/xdsAddress"),
-    "plugin xDS address garbage": ({"plugins": {"xds": {"address": "weft control"}}}, "/plugins/xds/address"),
+    "plugin xDS address garbage": ({"plugins": {"xds": {"address": "weft-control"}}}, "/plugins/xds/address"),
     "trust bundle name with a slash": ({"istio": {"clusterTrustBundle": "istio.io/istiod-ca"}}, "/istio/clusterTrustBundle"),
     "migration flag not a boolean": ({"migration": {"fromZtunnel": "yes"}}, "/migration/fromZtunnel"),
     "migration unknown key": ({"migration": {"fromZtunnel": True, "keepZtunnel": True}}, "/migration"),

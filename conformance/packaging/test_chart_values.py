@@ -311,9 +311,9 @@ def test_control_plane(render):
     assert subject == {"kind": "ServiceAccount", "name": "weft-control", "namespace": NAMESPACE}
     assert dep["spec"]["template"]["spec"]["serviceAccountName"] == "weft-control"
     c = dep["spec"]["template"]["spec"]["containers"][0]
-    assert c["args"][0] == "control"
-    args = {a.split("=", 1)[0]: a.partition("=")[2] for a in c["args"][1:]}
-    # One credential per audience: weft control reviews tokens for its own audience, from the node agents only.
+    assert c["command"] == ["/usr/local/bin/weft-control"], "the control plane's own binary"
+    args = {a.split("=", 1)[0]: a.partition("=")[2] for a in c["args"]}
+    # One credential per audience: weft-control reviews tokens for its own audience, from the node agents only.
     assert args["--audience"] == "weft-control"
     assert args["--node-accounts"] == f"{NAMESPACE}/ztunnel"
     assert args["--kube-api"] == "https://kubernetes.default.svc"
@@ -337,7 +337,7 @@ def test_control_plane(render):
     args = args_of(r.container())
     assert args["plugin-xds-address"] == "https://weft-control.istio-system.svc:15012"
     assert args["plugin-xds-root-cert"] == "/var/run/secrets/istio/root-cert.pem"
-    # ... with a token for weft control's audience alone; istiod keeps getting the istio-ca one.
+    # ... with a token for weft-control's audience alone; istiod keeps getting the istio-ca one.
     assert args["plugin-xds-token-file"] == "/var/run/secrets/tokens/weft-control-token"
     assert args["xds-token-file"] == args["ca-token-file"] == "/var/run/secrets/tokens/istio-token"
     istio, control = volumes_of(r.daemonset())["istio-token"]["projected"]["sources"]

@@ -91,16 +91,16 @@ def test_build_uses_the_pinned_toolchain_and_the_wasm_target(parsed):
     assert copies[0] == "rust-toolchain.toml ./", "the toolchain layer comes before the sources"
     assert any("rustup toolchain install" in r for r in runs)
     (cargo,) = [r for r in runs if "cargo build" in r]
-    for flag in ["--release", "--locked", "-p weft ", "-p weft-ca-server"]:
+    for flag in ["--release", "--locked", "-p weft ", "-p weft-control ", "-p weft-ca-server"]:
         assert flag in cargo, flag
 
 
-def test_runtime_has_both_binaries_a_non_root_user_and_weft_as_entrypoint(parsed):
+def test_runtime_has_the_three_binaries_a_non_root_user_and_weft_as_entrypoint(parsed):
     _, (_, run) = stages(parsed)
     (copy,) = [i["value"] for i in run if i["instruction"] == "COPY"]
     parts = copy.split()
     assert parts[0] == "--from=build" and parts[-1] == "/usr/local/bin/"
-    assert sorted(Path(p).name for p in parts[1:-1]) == ["weft", "weft-ca"]
+    assert sorted(Path(p).name for p in parts[1:-1]) == ["weft", "weft-ca", "weft-control"]
     (user,) = [i["value"] for i in run if i["instruction"] == "USER"]
     uid = user.split(":")[0]
     assert uid.isdigit() and int(uid) != 0, "a numeric non-root user (Kubernetes' runAsNonRoot checks it)"
@@ -112,10 +112,14 @@ def test_runtime_has_both_binaries_a_non_root_user_and_weft_as_entrypoint(parsed
 
 def test_the_binaries_exist_in_the_workspace():
     bins = set()
-    for manifest in [REPO / "runtime/node/weft/Cargo.toml", REPO / "runtime/control/ca/Cargo.toml"]:
+    for manifest in [
+        REPO / "runtime/node/weft/Cargo.toml",
+        REPO / "runtime/control/ca/Cargo.toml",
+        REPO / "runtime/control/ads/Cargo.toml",
+    ]:
         data = tomllib.loads(manifest.read_text())
         bins |= {b["name"] for b in data.get("bin", [])} or {data["package"]["name"]}
-    assert {"weft", "weft-ca"} <= bins, bins
+    assert {"weft", "weft-ca", "weft-control"} <= bins, bins
 
 
 def test_release_profile_ships_no_debuginfo():

@@ -1,4 +1,4 @@
-//! A two-node mesh fed over xDS: a real `weft control` process serves a mesh file (edited live by the test) to two
+//! A two-node mesh fed over xDS: a real `weft-control` process serves a mesh file (edited live by the test) to two
 //! real `weft run` processes that have no config file, over TLS with the dev CA and per-node bearer tokens.
 
 use std::net::{IpAddr, SocketAddr};
@@ -15,13 +15,13 @@ use crate::{Addrs, eventually};
 /// What else the mesh runs with.
 #[derive(Debug, Default, Clone)]
 pub struct MeshOptions {
-    /// weft control serves the WeftPlugin files of this directory, and the nodes take their plugins from it.
+    /// weft-control serves the WeftPlugin files of this directory, and the nodes take their plugins from it.
     pub plugins_dir: Option<PathBuf>,
     /// More `weft run` flags for both nodes.
     pub node_extra: Vec<String>,
 }
 
-/// The two-node mesh fed by `weft control`.
+/// The two-node mesh fed by `weft-control`.
 #[derive(Debug)]
 pub struct XdsMesh {
     /// Addresses.
@@ -32,7 +32,7 @@ pub struct XdsMesh {
     pub b: NodeProcess,
     /// The control plane.
     pub control: Control,
-    /// The mesh file weft control serves.
+    /// The mesh file weft-control serves.
     pub mesh_file: PathBuf,
     /// Scratch directory.
     pub dir: tempfile::TempDir,
@@ -40,7 +40,7 @@ pub struct XdsMesh {
 }
 
 impl XdsMesh {
-    /// Start weft control with `yaml` and two nodes fed by it; echo servers listen on `echo_ips` port 8080. Ready
+    /// Start weft-control with `yaml` and two nodes fed by it; echo servers listen on `echo_ips` port 8080. Ready
     /// when both nodes are (their readiness waits for the first complete sync).
     pub async fn start(addrs: Addrs, yaml: &str, echo_ips: &[IpAddr]) -> Result<Self, String> {
         Self::start_with(addrs, yaml, echo_ips, MeshOptions::default()).await
@@ -69,7 +69,7 @@ impl XdsMesh {
             echo.push(t);
         }
         let control = Control::spawn(
-            &weft,
+            &weft_devmesh::control_binary()?,
             free_port()?,
             &ca,
             &tokens_file,

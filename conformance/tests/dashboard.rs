@@ -3,7 +3,7 @@
 //! Istio's, verbatim) returns at least one series.
 //!
 //! The nodes run as Istio ambient runs ztunnel: in-pod mode (a test-side CNI agent hands them a client pod and a
-//! server pod over ZDS), fed over xDS by a `weft control` (one per node network namespace, both serving the same
+//! server pod over ZDS), fed over xDS by a `weft-control` (one per node network namespace, both serving the same
 //! mesh file), with the default plugins (istio-telemetry exports `istio_tcp_*`). Traffic: a round trip from the
 //! client pod to the server pod through both nodes, and DNS queries from the client pod to its pod DNS proxy.
 //!
@@ -198,7 +198,7 @@ fn spawn_node(
     NodeProcess::spawn(&weft, &opts).unwrap()
 }
 
-/// `weft control` serving `dir/mesh.yaml` on `127.0.0.1:XDS_PORT` inside `ns`.
+/// `weft-control` serving `dir/mesh.yaml` on `127.0.0.1:XDS_PORT` inside `ns`.
 fn spawn_control(ns: &Netns, dir: &Path, tokens: &Path, log: &str) -> Proc {
     let weft = weft_devmesh::weft_binary().unwrap();
     let args: Vec<String> = [

@@ -444,7 +444,7 @@ fn the_link_parser_finds_what_a_reader_follows() {
     let prose = prose_lines("`[a](nowhere)` [b](here)\n```\n[c](in-code)\n```\n");
     let found: Vec<String> = prose.iter().flat_map(|(_, l)| link_targets(l)).collect();
     assert_eq!(found, ["here"]);
-    let a = anchors("# weft\n## The control plane: `weft control`\n## Ports\n## Ports\n");
+    let a = anchors("# weft\n## The control plane: `weft-control`\n## Ports\n## Ports\n");
     assert!(a.contains("the-control-plane-weft-control"), "{a:?}");
     assert!(a.contains("ports") && a.contains("ports-1"), "{a:?}");
     assert_eq!(

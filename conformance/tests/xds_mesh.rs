@@ -1,5 +1,5 @@
 //! The mesh over xDS, end to end: real `weft run` processes without a config file learn workloads, services and
-//! policies from a real `weft control` (or, for what a real control plane never sends, a scripted Delta ADS
+//! policies from a real `weft-control` (or, for what a real control plane never sends, a scripted Delta ADS
 //! server) over TLS, with traffic through the nodes checked at every step.
 #![allow(clippy::unwrap_used)] // a test panics to fail
 
@@ -296,7 +296,7 @@ async fn a_malformed_resource_is_nacked_with_its_reason_and_the_rest_applies_whi
                 .1,
         );
     }
-    // The mesh as resources: what the local file would say, converted as weft control converts it.
+    // The mesh as resources: what the local file would say, converted as weft-control converts it.
     let cfg = weft_state::local::parse(&mesh_text(a, true, ""), std::path::Path::new("/")).unwrap();
     let good: Vec<_> = cfg
         .workloads

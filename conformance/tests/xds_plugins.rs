@@ -1,4 +1,4 @@
-//! Plugins over xDS, end to end: a real `weft control` serves `WeftPlugin` files (code inline from the directory,
+//! Plugins over xDS, end to end: a real `weft-control` serves `WeftPlugin` files (code inline from the directory,
 //! or pulled by the nodes from a real OCI registry) to two real `weft run` processes over TLS. A pushed plugin runs
 //! on both nodes and changes the verdict of the next connection; a broken one is NACKed with its reason while the
 //! rest of the batch applies and a live connection keeps flowing; a pinned sha256 that does not match the pulled
@@ -73,7 +73,7 @@ async fn until_serving(node: &NodeProcess, name: &str, sha: &str) -> Value {
     .await
 }
 
-/// A mesh whose plugins come from `weft control`'s directory (returned too).
+/// A mesh whose plugins come from `weft-control`'s directory (returned too).
 async fn plugin_mesh(a: Addrs, extra: Vec<String>) -> (XdsMesh, PathBuf) {
     let plugins = tempfile::tempdir().unwrap().keep();
     let mesh = XdsMesh::start_with(
@@ -136,7 +136,7 @@ async fn a_pushed_plugin_runs_on_both_nodes_and_decides_the_next_connection() {
         echo_once(&mesh.a, a, echo).await.ok()
     })
     .await;
-    // weft control recorded both nodes' ACKs of the extension configs.
+    // weft-control recorded both nodes' ACKs of the extension configs.
     let acks: Vec<String> = mesh
         .control
         .log_lines()
@@ -235,14 +235,14 @@ async fn a_broken_plugin_is_nacked_with_its_reason_while_the_rest_applies_and_tr
     // Still the old configuration (8080 allowed), and the live connection never noticed.
     echo_once(&mesh.a, a, echo).await.unwrap();
     ping(&mut live).await.unwrap();
-    // weft control logged the NACKs with the reason.
+    // weft-control logged the NACKs with the reason.
     assert!(
         mesh.control
             .log_lines()
             .iter()
             .any(|l| l["message"] == "NACK"
                 && l["error"].as_str().is_some_and(|e| e.contains("broken:"))),
-        "no NACK naming the broken plugin in weft control's log"
+        "no NACK naming the broken plugin in weft-control's log"
     );
 }
 
@@ -427,7 +427,7 @@ async fn a_version_that_starts_trapping_is_rolled_back_and_reported_a_healthy_on
     );
     let logged = eventually(
         Duration::from_secs(30),
-        "weft control logs the rollback",
+        "weft-control logs the rollback",
         || async {
             mesh.control
                 .log_lines()

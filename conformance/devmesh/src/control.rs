@@ -1,16 +1,16 @@
-//! A `weft control` process (the mesh's and the plugins' Delta ADS server) and the `weft run` flags of nodes fed
-//! by it: shared by `weft demo` and the xDS end-to-end tests.
+//! A `weft-control` process (the mesh's and the plugins' Delta ADS server) and the `weft run` flags of nodes fed
+//! by it: shared by `weft-demo` and the xDS end-to-end tests.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-/// The bearer token of node `name` (in weft control's token file).
+/// The bearer token of node `name` (in weft-control's token file).
 pub fn node_token(name: &str) -> String {
     format!("token-of-{name}")
 }
 
-/// Write weft control's static token file for `nodes` (`dir/tokens.yaml`, every node the weft service account)
+/// Write weft-control's static token file for `nodes` (`dir/tokens.yaml`, every node the weft service account)
 /// and each node's own token (`dir/<node>.token`); returns the token file.
 pub fn write_tokens(dir: &Path, nodes: &[&str]) -> std::io::Result<PathBuf> {
     let mut tokens = String::from("tokens:\n");
@@ -33,7 +33,7 @@ pub fn free_port() -> Result<SocketAddr, String> {
         .map_err(|e| e.to_string())
 }
 
-/// A `weft control` process.
+/// A `weft-control` process.
 #[derive(Debug)]
 pub struct Control {
     child: Option<Child>,
@@ -42,15 +42,15 @@ pub struct Control {
     /// Its log (JSON lines).
     pub log_path: PathBuf,
     args: Vec<String>,
-    weft: PathBuf,
+    binary: PathBuf,
 }
 
 impl Control {
-    /// Start `weft control` on `addr` serving `mesh` (and the WeftPlugin files of `plugins_dir`), its certificate
+    /// Start `weft-control` on `addr` serving `mesh` (and the WeftPlugin files of `plugins_dir`), its certificate
     /// from `ca_dir`, callers from `tokens`, its status endpoint on `status` (none: off).
     #[allow(clippy::too_many_arguments)]
     pub fn spawn(
-        weft: &Path,
+        control: &Path,
         addr: SocketAddr,
         ca_dir: &Path,
         tokens: &Path,
@@ -60,7 +60,6 @@ impl Control {
         log_path: &Path,
     ) -> Result<Self, String> {
         let mut args: Vec<String> = [
-            "control",
             "--listen",
             &addr.to_string(),
             "--ca-dir",
@@ -88,7 +87,7 @@ impl Control {
             addr,
             log_path: log_path.to_path_buf(),
             args,
-            weft: weft.to_path_buf(),
+            binary: control.to_path_buf(),
         };
         c.start()?;
         Ok(c)
@@ -100,13 +99,13 @@ impl Control {
             .append(true)
             .open(&self.log_path)
             .map_err(|e| e.to_string())?;
-        let child = Command::new(&self.weft)
+        let child = Command::new(&self.binary)
             .args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
-            .map_err(|e| format!("starting weft control: {e}"))?;
+            .map_err(|e| format!("starting {}: {e}", self.binary.display()))?;
         self.child = Some(child);
         Ok(())
     }

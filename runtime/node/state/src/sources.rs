@@ -1,4 +1,4 @@
-//! Several sources feed one state: the local file, istiod, `weft control`, ... Each source keeps its own
+//! Several sources feed one state: the local file, istiod, `weft-control`, ... Each source keeps its own
 //! contribution (resources by the names the source gave them), changed resource by resource; the snapshot the data
 //! path reads is their union, rebuilt on every change. Where two sources define the same workload uid, service key,
 //! policy key or plugin name, the source of higher precedence wins (xDS sources over the local file by default).

@@ -1,4 +1,4 @@
-//! What weft control serves is what a node reads back: model → Istio proto (`xds::encode`, weft control's side) →
+//! What weft-control serves is what a node reads back: model → Istio proto (`xds::encode`, weft-control's side) →
 //! model (`xds::{workload, service, authorization}`, the node's side), field for field, for a workload, a service and
 //! a policy with every field set.
 

@@ -1,5 +1,5 @@
-//! Command line and environment: `weft run` (the node proxy), `weft ca init` (a development root), `weft demo`
-//! (a two-node mesh on this machine), `weft control` (the Delta ADS server, flags in `weft_control::cli`).
+//! Command line and environment: `weft run` (the node proxy) and `weft ca init` (a development root). The control
+//! plane is its own binary (`weft-control`), as is the demo (`weft-demo`).
 //! `weft run`'s flags are [`crate::config::NodeConfig`]'s.
 // The doc comments of the argument structs are clap's `--help` text, written for a terminal: addresses such as
 // `[::1]` and URLs stay plain there, not rustdoc links.
@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 
 /// weft: a node proxy for sidecar-less service meshes.
 #[derive(Debug, Parser)]
@@ -35,11 +35,6 @@ pub enum Command {
     /// Certificate authority helpers.
     #[command(subcommand)]
     Ca(CaCommand),
-    /// Start a two-node mesh on 127.0.0.x, send traffic through it and show the mTLS identities.
-    Demo(DemoArgs),
-    /// Serve the mesh and plugins to nodes over Delta ADS (the control plane for plugins, and for meshes
-    /// without istiod).
-    Control(Box<weft_control::cli::ControlArgs>),
     /// Compile one plugin component (stdin) to an artifact (stdout) for `weft run`'s plugin host, which runs this
     /// in a child process so the node never pages in the compiler. Not for direct use.
     #[command(hide = true)]
@@ -65,12 +60,4 @@ pub enum CaCommand {
         #[arg(long, default_value = "3650d", value_parser = humantime::parse_duration)]
         validity: Duration,
     },
-}
-
-/// `weft demo`
-#[derive(Debug, Args)]
-pub struct DemoArgs {
-    /// Keep the mesh running until Ctrl-C after the traffic has been shown.
-    #[arg(long)]
-    pub keep: bool,
 }

@@ -56,7 +56,7 @@ pub fn defaults() -> &'static [Arc<PluginSpec>] {
                 FailurePolicy::FailClosed,
             ),
             // weft's built-in access log (target `access`) is on already; configure this plugin with
-            // `accessLog: text|json` to have it write Istio's access log instead.
+            // `accessLog: on` to have it write Istio's access log instead.
             spec(
                 TELEMETRY,
                 PluginKind::Telemetry,

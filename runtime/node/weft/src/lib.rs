@@ -1,11 +1,9 @@
-//! The weft node proxy: command line, wiring of state, identity, data path and admin, runtimes, signals, drain,
-//! and the `demo` that runs a two-node mesh on this machine.
+//! The weft node proxy: command line, wiring of state, identity, data path and admin, runtimes, signals, drain.
 
 pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod default_plugins;
-pub mod demo;
 pub mod inpod;
 pub mod node;
 pub mod plugin_xds;
@@ -35,8 +33,6 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Demo(args) => demo::run(args),
-        Command::Control(args) => weft_control::cli::main(*args),
         Command::CompilePlugin { settings } => {
             let code = weft_plugin_host::compile_child_main(
                 settings,

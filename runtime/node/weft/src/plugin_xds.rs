@@ -1,4 +1,4 @@
-//! The node's plugin source: a second Delta ADS stream (usually `weft control`; istiod serves no plugins) for
+//! The node's plugin source: a second Delta ADS stream (usually `weft-control`; istiod serves no plugins) for
 //! extension configs (ECDS `TypedExtensionConfig`, one per plugin), handled by `weft-plugin-xds`: code fetched
 //! and verified off the data path, specs put into the state as a source of their own, ACKed only once the plugin
 //! host serves them, and every automatic rollback reported back as an unsolicited NACK.

@@ -1,4 +1,4 @@
-//! The node's xDS sources: the mesh source (istiod or `weft control`) and the node id,
+//! The node's xDS sources: the mesh source (istiod or `weft-control`) and the node id,
 //! the handlers that turn Address and Authorization resources into changes of the state store (checked by the same
 //! functions as the local file), readiness, `/config_dump` and metrics per source.
 

@@ -47,7 +47,8 @@ mod lifecycle;
 // `PluginHost`, which owns the threads and wires the layers.
 mod host;
 
-// Test support, over the public API.
+// Test support, over the public API (feature `testing`).
+#[cfg(feature = "testing")]
 pub mod testing;
 
 pub use base::clock::{Clock, ManualClock, SystemClock};

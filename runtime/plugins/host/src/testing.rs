@@ -10,7 +10,6 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use weft_hooks::{ConnectionHooks, ConnectionRecord, Direction, Verdict, WorkloadMeta};
@@ -20,50 +19,15 @@ use weft_state::{
 
 use crate::{ApplyReport, HostConfig, Outcome, PluginHost};
 
-/// Why a plugin could not be built.
-#[derive(Debug, thiserror::Error)]
-pub enum BuildError {
-    /// Cargo could not be run or the lock file could not be taken.
-    #[error("{0}")]
-    Io(#[from] std::io::Error),
-    /// Cargo failed.
-    #[error("cargo build of {crate_dir} failed:\n{stderr}")]
-    Cargo {
-        /// The crate.
-        crate_dir: String,
-        /// Cargo's output.
-        stderr: String,
-    },
-    /// Cargo succeeded but produced no `.wasm`.
-    #[error("cargo built {0} but produced no .wasm (is it a cdylib?)")]
-    NoArtifact(String),
-}
-
-/// The directory wasm builds go to: `$WEFT_WASM_TARGET_DIR`, else `target-wasm/` at the weft repository root.
-pub fn wasm_target_dir() -> PathBuf {
-    std::env::var_os("WEFT_WASM_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("target-wasm"))
-}
-
-/// The weft repository root (from this crate's location at build time).
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../..")
-}
-
-/// `plugins/` in the weft repository.
-pub fn plugins_dir() -> PathBuf {
-    repo_root().join("plugins")
-}
+pub use weft_plugin_build::{BuildError, plugins_dir, repo_root, wasm_target_dir};
 
 fn cache() -> &'static Mutex<HashMap<PathBuf, PathBuf>> {
     static BUILT: OnceLock<Mutex<HashMap<PathBuf, PathBuf>>> = OnceLock::new();
     BUILT.get_or_init(Default::default)
 }
 
-/// Builds the plugin crate at `crate_dir` (relative paths: from the weft repository root) for `wasm32-wasip2` in
-/// release mode into [`wasm_target_dir`], under a file lock so parallel tests and processes don't collide, and
-/// returns the `.wasm` component. Built once per process per crate.
+/// Builds the plugin crate at `crate_dir` (relative paths: from the weft repository root) for `wasm32-wasip2`
+/// ([`weft_plugin_build::build_crate`]) and returns the `.wasm` component. Built once per process per crate.
 pub fn build_plugin(crate_dir: impl AsRef<Path>) -> Result<PathBuf, BuildError> {
     let dir = crate_dir.as_ref();
     let dir = if dir.is_relative() {
@@ -79,83 +43,24 @@ pub fn build_plugin(crate_dir: impl AsRef<Path>) -> Result<PathBuf, BuildError> 
     if let Some(p) = built.get(&dir) {
         return Ok(p.clone());
     }
-    let wasm = cargo_build(
-        &dir,
-        &["--manifest-path", &dir.join("Cargo.toml").to_string_lossy()],
-    )?
-    .into_iter()
-    .next()
-    .ok_or_else(|| BuildError::NoArtifact(dir.display().to_string()))?;
+    let wasm = weft_plugin_build::build_crate(&dir)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| BuildError::NoArtifact(dir.display().to_string()))?;
     built.insert(dir, wasm.clone());
     Ok(wasm)
 }
 
 /// Builds every crate of the `plugins/` workspace for `wasm32-wasip2` (what CI runs) and returns the components.
 pub fn build_plugins_workspace() -> Result<Vec<PathBuf>, BuildError> {
-    let dir = plugins_dir().canonicalize()?;
-    cargo_build(
-        &dir,
-        &[
-            "--manifest-path",
-            &dir.join("Cargo.toml").to_string_lossy(),
-            "--workspace",
-        ],
-    )
-}
-
-fn cargo_build(dir: &Path, args: &[&str]) -> Result<Vec<PathBuf>, BuildError> {
-    let target = wasm_target_dir();
-    std::fs::create_dir_all(&target)?;
-    let lock = std::fs::File::create(target.join(".weft-build.lock"))?;
-    lock.lock()?;
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = Command::new(cargo)
-        .args([
-            "build",
-            "--release",
-            "--target",
-            "wasm32-wasip2",
-            "--message-format=json-render-diagnostics",
-        ])
-        .args(args)
-        .env("CARGO_TARGET_DIR", &target)
-        .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .env_remove("CARGO_BUILD_TARGET")
-        .env_remove("CARGO_MAKEFLAGS")
-        .env_remove("CARGO_PRIMARY_PACKAGE")
-        .current_dir(dir)
-        .output()?;
-    let _ = lock.unlock();
-    if !out.status.success() {
-        return Err(BuildError::Cargo {
-            crate_dir: dir.display().to_string(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        });
-    }
-    let mut wasm = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        if msg["reason"] != "compiler-artifact" {
-            continue;
-        }
-        for f in msg["filenames"].as_array().into_iter().flatten() {
-            if let Some(f) = f.as_str().filter(|f| f.ends_with(".wasm")) {
-                wasm.push(PathBuf::from(f));
-            }
-        }
-    }
-    Ok(wasm)
+    weft_plugin_build::build_workspace()
 }
 
 /// A plugin's code read under the wasm build lock into an inline source. Another test (or test binary) may
 /// rebuild the plugins meanwhile: a spec naming the file could be re-read in the middle of a rewrite and look like
 /// new (or broken) code.
 pub fn pinned_code(wasm: &Path) -> Result<PluginSource, std::io::Error> {
-    let lock = std::fs::File::create(wasm_target_dir().join(".weft-build.lock"))?;
-    lock.lock()?;
+    let lock = weft_plugin_build::lock()?;
     let bytes = std::fs::read(wasm)?;
     drop(lock);
     Ok(PluginSource::Inline(Arc::new(bytes)))

@@ -1,4 +1,4 @@
-//! The ECDS conversion on resources as weft control and istiod build them: a WeftPlugin, Envoy's network Wasm
+//! The ECDS conversion on resources as weft-control and istiod build them: a WeftPlugin, Envoy's network Wasm
 //! filter (istiod's NETWORK WasmPlugin, with its pull secret in the VM's environment), a bare PluginConfig; every
 //! configuration encoding; and refusals that name the field.
 #![allow(clippy::unwrap_used)]

@@ -1,6 +1,6 @@
 //! The model → Istio's xDS messages (`istio.workload.Address`, `istio.security.Authorization`), the way istiod builds
 //! them for ztunnel (a workload is named by its uid, a service by `namespace/hostname`, a policy by
-//! `namespace/name`): what weft control serves. The reverse, what a node reads, is the rest of this module; the round
+//! `namespace/name`): what weft-control serves. The reverse, what a node reads, is the rest of this module; the round
 //! trip is tested in `tests/xds_roundtrip.rs`.
 
 use std::net::IpAddr;

@@ -49,7 +49,7 @@ pub struct NodeConfig {
     /// The mesh over xDS, and the node id sent.
     #[command(flatten)]
     pub xds: XdsConfig,
-    /// Plugins over xDS (`weft control`).
+    /// Plugins over xDS (`weft-control`).
     #[command(flatten)]
     pub plugin_xds: PluginXdsConfig,
     /// This node's name (workloads with this `node` are local).

@@ -55,7 +55,7 @@ pub struct CaConfig {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct XdsConfig {
     /// The control plane serving workloads, services and policies over Delta ADS (istiod:
-    /// https://istiod.istio-system.svc:15012, or `weft control`); a bare host:port means https. Unset: no xDS
+    /// https://istiod.istio-system.svc:15012, or `weft-control`); a bare host:port means https. Unset: no xDS
     /// (the mesh comes from --config only). With --config as well, both feed the state (xDS wins a conflict).
     #[arg(long, env = "XDS_ADDRESS")]
     pub xds_address: Option<String>,
@@ -86,7 +86,7 @@ pub struct XdsConfig {
 #[derive(Debug, Clone, Args, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PluginXdsConfig {
-    /// The control plane serving plugins as extension configs over Delta ADS (`weft control`); a bare host:port
+    /// The control plane serving plugins as extension configs over Delta ADS (`weft-control`); a bare host:port
     /// means https. Unset: plugins come from --config only.
     #[arg(long, env = "WEFT_PLUGIN_XDS_ADDRESS")]
     pub plugin_xds_address: Option<String>,

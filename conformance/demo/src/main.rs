@@ -1,6 +1,7 @@
-//! `weft demo`: weft's main job on one machine, no Kubernetes. `weft control` serves the mesh (a file in ztunnel's
-//! local-config format) and the plugins (a directory of WeftPlugin files) over Delta ADS with TLS; two weft nodes
-//! run as real processes on 127.0.0.x and learn everything from it. An echo workload sits behind node B, a client
+//! `weft-demo`: weft's main job on one machine, no Kubernetes. The control plane (`weft-control`, its own process
+//! from its own binary) serves the mesh (a file in ztunnel's local-config format) and the plugins (a directory of
+//! WeftPlugin files) over Delta ADS with TLS; two weft nodes run as real processes on 127.0.0.x and learn
+//! everything from it. An echo workload sits behind node B, a client
 //! workload on node A sends traffic through node A's SOCKS5 listener; node A tunnels it over mutual-TLS HBONE to
 //! node B, which checks the client's SPIFFE identity and hands the bytes to the workload. Then a policy plugin is
 //! pushed to both nodes over xDS and decides the next connection; the output shows the push-to-effect times.
@@ -11,22 +12,33 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use weft_devmesh::control::{Control, free_port, plugin_xds_flags, write_tokens, xds_flags};
+use clap::Parser;
+use sha2::Digest as _;
 use weft_devmesh::{NodeOptions, NodeProcess, socks5, workload};
 
-use crate::cli::DemoArgs;
+/// weft-demo: a two-node weft mesh on 127.0.0.x with its control plane; sends traffic through it, shows the mTLS
+/// identities, then pushes a policy plugin over xDS. Runs the `weft` and `weft-control` binaries next to this one
+/// (or $WEFT_BIN, $WEFT_CONTROL_BIN).
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct DemoArgs {
+    /// Keep the mesh running until Ctrl-C after the traffic has been shown.
+    #[arg(long)]
+    keep: bool,
+}
 
 const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 1, 1);
 const ECHO_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 2, 1);
 const LEGACY_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 2, 2);
 const ECHO_VIP: Ipv4Addr = Ipv4Addr::new(127, 10, 0, 1);
 
-/// The plugin the demo pushes (embedded for the demo only; see build.rs).
+/// The plugin the demo pushes (see build.rs).
 static PORT_ALLOWLIST: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/port_allowlist.wasm"));
 
 /// The WeftPlugin file the demo writes: port-allowlist on inbound, allowing `ports`.
 fn allowlist_yaml(ports: &str) -> String {
     format!(
-        "# Pushed by weft demo: weft control serves this file to every node as an xDS extension config.\n\
+        "# Pushed by weft-demo: weft-control serves this file to every node as an xDS extension config.\n\
          apiVersion: weft.dev/v1alpha1\nkind: WeftPlugin\nmetadata:\n  name: allowlist\nspec:\n  \
          url: file://port_allowlist.wasm\n  pluginConfig: {{ports: [{ports}]}}\n  kind: policy\n  \
          directions: [inbound]\n  failStrategy: FAIL_CLOSE\n"
@@ -134,7 +146,8 @@ async fn send(node_a: &NodeProcess, dst: SocketAddr, what: &str) -> anyhow::Resu
 }
 
 async fn demo(args: DemoArgs, dir: &Path) -> anyhow::Result<()> {
-    let weft = std::env::current_exe()?;
+    let weft = weft_devmesh::weft_binary().map_err(anyhow::Error::msg)?;
+    let control_bin = weft_devmesh::control_binary().map_err(anyhow::Error::msg)?;
     let ca = dir.join("ca");
     weft_devmesh::write_dev_ca(&ca, "cluster.local")?;
     let mesh = dir.join("mesh.yaml");
@@ -146,7 +159,7 @@ async fn demo(args: DemoArgs, dir: &Path) -> anyhow::Result<()> {
     let (_, _legacy) = workload::echo_server(SocketAddr::from((LEGACY_IP, 8080))).await?;
 
     println!(
-        "weft demo: a control plane and two nodes on this machine (files in {})",
+        "weft-demo: a control plane and two nodes on this machine (files in {})",
         dir.display()
     );
     let (ads, status) = (
@@ -154,7 +167,7 @@ async fn demo(args: DemoArgs, dir: &Path) -> anyhow::Result<()> {
         free_port().map_err(anyhow::Error::msg)?,
     );
     let _control = Control::spawn(
-        &weft,
+        &control_bin,
         ads,
         &ca,
         &tokens,
@@ -165,7 +178,7 @@ async fn demo(args: DemoArgs, dir: &Path) -> anyhow::Result<()> {
     )
     .map_err(anyhow::Error::msg)?;
     println!(
-        "  weft control: serves {} and {}/ over Delta ADS at https://localhost:{} (status http://{status}/status)",
+        "  weft-control: serves {} and {}/ over Delta ADS at https://localhost:{} (status http://{status}/status)",
         mesh.display(),
         plugins.display(),
         ads.port()
@@ -188,7 +201,7 @@ async fn demo(args: DemoArgs, dir: &Path) -> anyhow::Result<()> {
             .await
             .map_err(anyhow::Error::msg)?;
         println!(
-            "  {name}: ready, mesh and plugins from weft control (admin http://{}/config_dump, log {})",
+            "  {name}: ready, mesh and plugins from weft-control (admin http://{}/config_dump, log {})",
             n.admin,
             n.log_path.display()
         );
@@ -312,14 +325,17 @@ async fn demo(args: DemoArgs, dir: &Path) -> anyhow::Result<()> {
 }
 
 /// Push port-allowlist to both nodes over xDS, see it decide the next connection, then push a new configuration;
-/// print the push-to-effect times and what weft control says each node runs.
+/// print the push-to-effect times and what weft-control says each node runs.
 async fn push_plugin(
     nodes: &[NodeProcess],
     plugins: &Path,
     status: SocketAddr,
 ) -> anyhow::Result<()> {
     let echo = SocketAddr::from((ECHO_IP, 8080));
-    let sha256 = weft_plugin_host::sha256_hex(PORT_ALLOWLIST);
+    let sha256: String = sha2::Sha256::digest(PORT_ALLOWLIST)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     println!(
         "\npushing a policy plugin over xDS: port-allowlist (sha256 {}...), inbound, allowing port 9090 only",
         &sha256[..12]
@@ -359,7 +375,7 @@ async fn push_plugin(
     if code == 200
         && let Ok(doc) = serde_json::from_str::<serde_json::Value>(&body)
     {
-        println!("weft control /status, what each node runs:");
+        println!("weft-control /status, what each node runs:");
         for n in doc["nodes"].as_array().cloned().unwrap_or_default() {
             let runs: Vec<String> = n["plugins"]
                 .as_object()
@@ -394,8 +410,8 @@ async fn send_quiet(node_a: &NodeProcess, dst: SocketAddr) -> bool {
         .is_ok_and(|b| b == b"ping")
 }
 
-/// Run the demo.
-pub fn run(args: DemoArgs) -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    let args = DemoArgs::parse();
     let dir = std::env::temp_dir().join(format!("weft-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
