@@ -6,11 +6,18 @@
 //! weft_plugin_sdk::log::warn("something odd");
 //! ```
 
-pub use crate::bindings::weft::plugin::log::Level;
+pub use crate::bindings::weft::plugin::log::{AccessEntry, Level};
 
 /// Logs one message at `level`.
 pub fn log(level: Level, message: &str) {
     crate::bindings::weft::plugin::log::log(level, message);
+}
+
+/// Writes one connection's access log line: the host logs it as ztunnel does, under scope `access` with the
+/// message "connection complete" and ztunnel's field names, at error level when `entry.error` is set. Rate-limited
+/// with [`log`].
+pub fn access(entry: &AccessEntry) {
+    crate::bindings::weft::plugin::log::access(entry);
 }
 
 /// Logs at trace level.

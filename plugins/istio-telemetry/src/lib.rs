@@ -13,7 +13,7 @@
 //!
 //! ```json
 //! {"labels": ["reporter", "source_workload", "destination_workload"], "maxSeries": 1900,
-//!  "accessLog": "text", "spiffePrefix": true}
+//!  "accessLog": "on", "spiffePrefix": true}
 //! ```
 //!
 //! - `labels`: the labels to keep (a subset of [`LABELS`], kept in ztunnel's order; default: all). Series that
@@ -23,12 +23,13 @@
 //!   (5 × 1,900 = 9,500, plus the gauge and the overflow series). Past the cap, new label sets are recorded with
 //!   every unbounded label set to `overflow` (totals stay right) and counted in
 //!   `istio_telemetry_series_overflow_total`.
-//! - `accessLog`: `off`, `text` (default; ztunnel's `key=value` fields) or `json` (one object per line).
+//! - `accessLog`: `on` (default) or `off`: one line per connection at its end, written by the host as ztunnel writes
+//!   its own (scope `access`, "connection complete", ztunnel's field names), in the node's log format. `text` and
+//!   `json`, the values of earlier versions, mean `on`.
 //! - `spiffePrefix`: principal labels as ztunnel writes them, `spiffe://td/ns/x/sa/y` (default true); false drops
 //!   the `spiffe://`.
 
 use std::borrow::Cow;
-use std::fmt::Write as _;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 mod open_cache;
@@ -36,7 +37,7 @@ mod open_cache;
 use open_cache::OpenCache;
 use weft_plugin_sdk::hash::FastMap;
 use weft_plugin_sdk::json::Value;
-use weft_plugin_sdk::log::Level;
+use weft_plugin_sdk::log::AccessEntry;
 use weft_plugin_sdk::metrics::{Counter, CounterSeries, Gauge, GaugeSeries};
 use weft_plugin_sdk::{CloseInfo, ConnectionInfo, Direction, Telemetry, Verdict, WorkloadMeta};
 
@@ -79,15 +80,13 @@ const OVERFLOW: &str = "overflow";
 /// Connections remembered as open (for the open gauge and to count opens of never-opened closes).
 const MAX_LIVE: usize = 100_000;
 
-/// How access logs are written.
+/// Whether access logs are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AccessLog {
     /// None.
     Off,
-    /// `connection complete src.addr=... dst.addr=... direction="inbound" ...`.
-    Text,
-    /// `{"message":"connection complete","src.addr":"...",...}`.
-    Json,
+    /// One line per connection, in the node's log format (see [`access_entry`]).
+    On,
 }
 
 /// The plugin's options.
@@ -97,7 +96,7 @@ pub struct Options {
     pub keep: Vec<usize>,
     /// Most distinct label sets.
     pub max_series: usize,
-    /// Access log format.
+    /// Whether to write access logs.
     pub access_log: AccessLog,
     /// Keep `spiffe://` in principal labels.
     pub spiffe_prefix: bool,
@@ -108,7 +107,7 @@ impl Default for Options {
         Options {
             keep: (0..LABELS.len()).collect(),
             max_series: 1_900,
-            access_log: AccessLog::Text,
+            access_log: AccessLog::On,
             spiffe_prefix: true,
         }
     }
@@ -155,12 +154,9 @@ impl Options {
                 "accessLog" => {
                     opts.access_log = match value.as_str() {
                         Some("off") => AccessLog::Off,
-                        Some("text") => AccessLog::Text,
-                        Some("json") => AccessLog::Json,
+                        Some("on" | "text" | "json") => AccessLog::On,
                         _ => {
-                            return Err(
-                                "config: `accessLog` must be \"off\", \"text\" or \"json\"".into(),
-                            );
+                            return Err("config: `accessLog` must be \"on\" or \"off\"".into());
                         }
                     }
                 }
@@ -594,9 +590,7 @@ impl IstioTelemetry {
             let mut r =
                 report.unwrap_or_else(|| Report::new(info, "-", self.options.spiffe_prefix));
             r.values[RESPONSE_FLAGS] = Cow::Borrowed(flags);
-            let (line, error) = access_log(self.options.access_log, info, close, &r);
-            let level = if error { Level::Error } else { Level::Info };
-            weft_plugin_sdk::log::log(level, &line);
+            weft_plugin_sdk::log::access(&access_entry(info, close, &r));
         }
     }
 
@@ -606,45 +600,18 @@ impl IstioTelemetry {
     }
 }
 
-fn json_escape(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-}
-
-/// One field of the access log: a string (quoted) or a bare value.
-enum Field<'a> {
-    Str(Cow<'a, str>),
-    Bare(String),
-}
-
-/// The access log line of a closed connection (ztunnel's fields), and whether it reports an error.
-pub fn access_log<'a>(
-    format: AccessLog,
-    info: &ConnectionInfo<'a>,
+/// The access log entry of a closed connection: ztunnel's fields (`src/proxy/metrics.rs`
+/// `ConnectionResult::record_internal`), which the host writes under scope `access`.
+pub fn access_entry(
+    info: &ConnectionInfo<'_>,
     close: &CloseInfo,
     report: &Report<'_>,
-) -> (String, bool) {
+) -> AccessEntry {
     let conn = &info.conn;
     let inbound = conn.direction == Direction::Inbound;
-    let src = info.source_workload;
-    let dst = info.destination_workload;
     let dst_addr = conn.destination_addr();
-    let mut fields: Vec<(&str, Field)> = Vec::with_capacity(16);
-    fields.push(("src.addr", Field::Bare(conn.source_addr().to_string())));
-    let name = |w: Option<&'a WorkloadMeta>| {
+    // A workload's name, else its canonical name (ztunnel: the pod name, else the canonical service).
+    let name = |w: Option<&WorkloadMeta>| {
         w.map(|w| {
             if w.name.is_empty() {
                 &w.canonical_name
@@ -653,97 +620,53 @@ pub fn access_log<'a>(
             }
         })
         .filter(|n| !n.is_empty())
-        .map(|n| Field::Str(Cow::Borrowed(n.as_str())))
+        .cloned()
     };
     let v = |i: usize| {
         Some(report.values[i].as_ref())
             .filter(|s| *s != UNKNOWN)
-            .map(|s| Field::Str(Cow::Borrowed(s)))
+            .map(str::to_owned)
     };
-    if let Some(n) = name(src) {
-        fields.push(("src.workload", n));
-    }
-    if let Some(n) = v(4) {
-        fields.push(("src.namespace", n));
-    }
-    if let Some(id) = &report.src_identity {
-        fields.push(("src.identity", Field::Str(Cow::Borrowed(id.as_ref()))));
-    }
-    if conn.hbone {
-        // The L4 address is the HBONE port of the destination; the tunnel's target is the workload address.
+    // HBONE: the L4 address is the destination's HBONE port; the tunnel's target is the workload address.
+    let (l4, hbone) = if conn.hbone {
         let l4 = std::net::SocketAddr::new(dst_addr.ip(), 15008);
-        fields.push(("dst.addr", Field::Bare(l4.to_string())));
-        fields.push(("dst.hbone_addr", Field::Bare(dst_addr.to_string())));
+        (l4, Some(dst_addr.to_string()))
     } else {
-        fields.push(("dst.addr", Field::Bare(dst_addr.to_string())));
-    }
-    if let Some(s) = v(9) {
-        fields.push(("dst.service", s));
-    }
-    if let Some(n) = name(dst) {
-        fields.push(("dst.workload", n));
-    }
-    if let Some(n) = v(15) {
-        fields.push(("dst.namespace", n));
-    }
-    // The destination principal, when the connection is mutual TLS (built here: only the log needs it whole).
-    if let Some(id) = dst.and_then(identity).filter(|_| conn.hbone) {
-        fields.push(("dst.identity", Field::Str(Cow::Owned(id))));
-    }
-    fields.push((
-        "direction",
-        Field::Str(Cow::Borrowed(if inbound { "inbound" } else { "outbound" })),
-    ));
+        (dst_addr, None)
+    };
     // Bytes from the local workload's point of view (ztunnel "unflips" Istio's metric convention for logs).
-    let (sent, recv) = if inbound {
+    let (bytes_sent, bytes_recv) = if inbound {
         (close.bytes_received, close.bytes_sent)
     } else {
         (close.bytes_sent, close.bytes_received)
     };
-    fields.push(("bytes_sent", Field::Bare(sent.to_string())));
-    fields.push(("bytes_recv", Field::Bare(recv.to_string())));
-    fields.push((
-        "duration",
-        Field::Str(Cow::Owned(format!("{}ms", close.duration_ns / 1_000_000))),
-    ));
     let error = close.error.clone().or_else(|| match &close.verdict {
         Verdict::Deny((by, reason)) => Some(format!("denied by {by}: {reason}")),
         Verdict::Allow => None,
     });
-    let is_error = error.is_some();
-    if let Some(e) = error {
-        fields.push(("error", Field::Str(Cow::Owned(e))));
+    AccessEntry {
+        src_addr: conn.source_addr().to_string(),
+        src_workload: name(info.source_workload),
+        src_namespace: v(4),
+        src_identity: report.src_identity.as_deref().map(str::to_owned),
+        src_cluster: v(8),
+        dst_addr: l4.to_string(),
+        dst_hbone_addr: hbone,
+        dst_service: v(9),
+        dst_workload: name(info.destination_workload),
+        dst_namespace: v(15),
+        // The destination principal, when the connection is mutual TLS.
+        dst_identity: info
+            .destination_workload
+            .and_then(identity)
+            .filter(|_| conn.hbone),
+        dst_cluster: v(19),
+        direction: if inbound { "inbound" } else { "outbound" }.to_owned(),
+        bytes_sent,
+        bytes_recv,
+        duration_ms: close.duration_ns / 1_000_000,
+        error,
     }
-    let mut out = String::with_capacity(512);
-    match format {
-        AccessLog::Json => {
-            out.push_str("{\"scope\":\"access\",\"message\":\"connection complete\"");
-            for (k, f) in &fields {
-                out.push(',');
-                json_escape(&mut out, k);
-                out.push(':');
-                match f {
-                    Field::Str(s) => json_escape(&mut out, s),
-                    Field::Bare(s) if k.starts_with("bytes") => out.push_str(s),
-                    Field::Bare(s) => json_escape(&mut out, s),
-                }
-            }
-            out.push('}');
-        }
-        AccessLog::Text | AccessLog::Off => {
-            out.push_str("connection complete");
-            for (k, f) in &fields {
-                out.push(' ');
-                out.push_str(k);
-                out.push('=');
-                match f {
-                    Field::Str(s) => json_escape(&mut out, s),
-                    Field::Bare(s) => out.push_str(s),
-                }
-            }
-        }
-    }
-    (out, is_error)
 }
 
 weft_plugin_sdk::export_telemetry!(IstioTelemetry);

@@ -1,6 +1,6 @@
 //! `plugins/istio-telemetry` in the real host: a scrape checked against ztunnel's metric names, types and label
 //! list (in order), Istio's byte directions, denied and failed connections, outbound plaintext, the label subset and
-//! the cardinality cap, the open-sockets gauge, the access log (text and JSON) and config errors.
+//! the cardinality cap, the open-sockets gauge, the access log (scope `access`, ztunnel's fields) and config errors.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -437,21 +437,90 @@ fn each_overflowing_connection_is_counted() {
     assert_eq!(by, [("a", 1.0), ("overflow", 3.0)].into());
 }
 
-/// The plugin's log lines (target `plugin`), captured from `tracing`.
-fn captured() -> &'static Mutex<Vec<String>> {
-    static LINES: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
+/// ztunnel's access log fields, from `src/proxy/metrics.rs` (`ConnectionResult::record_internal` and the
+/// `access_log!` macro) at commit 62d826530e5ce85764e309170205b293efcbc80b of github.com/istio/ztunnel: logged with
+/// target (JSON `scope`) `access`, no parent span, the message "connection complete", at error level with `error`
+/// when the connection failed and at info level otherwise.
+const ZTUNNEL_ACCESS_FIELDS: [&str; 17] = [
+    "src.addr",
+    "src.workload",
+    "src.namespace",
+    "src.identity",
+    "src.cluster",
+    "dst.addr",
+    "dst.hbone_addr",
+    "dst.service",
+    "dst.workload",
+    "dst.namespace",
+    "dst.identity",
+    "dst.cluster",
+    "direction",
+    "bytes_sent",
+    "bytes_recv",
+    "duration",
+    "error",
+];
+
+/// A field as it was recorded: a string (`&str`, a JSON string, quoted in text), a number, or a value shown with
+/// `Display`/`Debug` (a JSON string, bare in text, as ztunnel records addresses).
+#[derive(Debug, Clone, PartialEq)]
+enum Logged {
+    Str(String),
+    U64(u64),
+    Shown(String),
+}
+
+/// An event the host logged with target `access`.
+#[derive(Debug, Clone)]
+struct AccessLine {
+    level: tracing::Level,
+    /// Logged with `parent: None`, as ztunnel's access lines are.
+    explicit_root: bool,
+    fields: BTreeMap<String, Logged>,
+}
+
+impl AccessLine {
+    fn str(&self, k: &str) -> Option<&str> {
+        match self.fields.get(k) {
+            Some(Logged::Str(s)) => Some(s),
+            _ => None,
+        }
+    }
+    fn shown(&self, k: &str) -> Option<&str> {
+        match self.fields.get(k) {
+            Some(Logged::Shown(s)) => Some(s),
+            _ => None,
+        }
+    }
+    fn u64(&self, k: &str) -> Option<u64> {
+        match self.fields.get(k) {
+            Some(Logged::U64(n)) => Some(*n),
+            _ => None,
+        }
+    }
+}
+
+/// The access lines logged so far, captured from `tracing`.
+fn captured() -> &'static Mutex<Vec<AccessLine>> {
+    static LINES: OnceLock<Mutex<Vec<AccessLine>>> = OnceLock::new();
     LINES.get_or_init(Default::default)
 }
 
 struct Capture;
 
-struct Message(String);
+struct Fields(BTreeMap<String, Logged>);
 
-impl tracing::field::Visit for Message {
+impl tracing::field::Visit for Fields {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0
+            .insert(field.name().into(), Logged::Str(value.into()));
+    }
+    fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+        self.0.insert(field.name().into(), Logged::U64(value));
+    }
     fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" {
-            self.0 = format!("{value:?}");
-        }
+        self.0
+            .insert(field.name().into(), Logged::Shown(format!("{value:?}")));
     }
 }
 
@@ -465,10 +534,14 @@ impl tracing::Subscriber for Capture {
     fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
     fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
     fn event(&self, event: &tracing::Event<'_>) {
-        if event.metadata().target() == "plugin" {
-            let mut m = Message(String::new());
-            event.record(&mut m);
-            captured().lock().unwrap().push(m.0);
+        if event.metadata().target() == "access" {
+            let mut f = Fields(BTreeMap::new());
+            event.record(&mut f);
+            captured().lock().unwrap().push(AccessLine {
+                level: *event.metadata().level(),
+                explicit_root: event.parent().is_none() && !event.is_contextual(),
+                fields: f.0,
+            });
         }
     }
     fn enter(&self, _: &tracing::span::Id) {}
@@ -482,36 +555,102 @@ fn capture_logs() {
     });
 }
 
-fn find_log(needle: &str) -> Option<String> {
+/// The access line whose `src.addr` is `src`.
+fn find_access(src: &str) -> Option<AccessLine> {
     captured()
         .lock()
         .unwrap()
         .iter()
-        .find(|l| l.contains(needle))
+        .find(|l| l.shown("src.addr") == Some(src))
         .cloned()
 }
 
-#[test]
-fn access_log_text() {
-    capture_logs();
-    let h = Harness::telemetry(&wasm(), r#"{"accessLog": "text"}"#).unwrap();
-    let mut c = rich_conn();
-    c.src = "10.0.0.1:41111".parse().unwrap();
-    h.open_close(&c, &close(100, 2000));
-    let line = find_log("src.addr=10.0.0.1:41111").expect("access log line");
+/// What every access line has: ztunnel's target, parent, message, field names only, and the types it records.
+fn assert_ztunnel_access_line(line: &AccessLine) {
+    assert!(line.explicit_root, "{line:?}");
     assert_eq!(
-        line,
-        "connection complete src.addr=10.0.0.1:41111 src.workload=\"client-7d9\" src.namespace=\"shop\" \
-         src.identity=\"spiffe://cluster.local/ns/shop/sa/frontend\" dst.addr=10.0.0.2:15008 \
-         dst.hbone_addr=10.0.0.2:8080 dst.service=\"server.shop.svc.cluster.local\" dst.workload=\"server\" \
-         dst.namespace=\"shop\" dst.identity=\"spiffe://cluster.local/ns/shop/sa/backend\" direction=\"inbound\" \
-         bytes_sent=2000 bytes_recv=100 duration=\"1500ms\""
+        line.fields.get("message"),
+        Some(&Logged::Shown("connection complete".into()))
     );
+    for k in line.fields.keys().filter(|k| *k != "message") {
+        assert!(
+            ZTUNNEL_ACCESS_FIELDS.contains(&k.as_str()),
+            "{k} is not one of ztunnel's access fields: {line:?}"
+        );
+    }
+    for k in ["src.addr", "dst.addr", "dst.hbone_addr"] {
+        if let Some(v) = line.fields.get(k) {
+            assert!(matches!(v, Logged::Shown(_)), "{k}: {v:?}");
+        }
+    }
+    for k in ["bytes_sent", "bytes_recv"] {
+        assert!(line.u64(k).is_some(), "{k}: {line:?}");
+    }
+    for k in ZTUNNEL_ACCESS_FIELDS
+        .iter()
+        .filter(|k| !k.ends_with("addr") && !k.starts_with("bytes"))
+    {
+        if let Some(v) = line.fields.get(*k) {
+            assert!(matches!(v, Logged::Str(_)), "{k}: {v:?}");
+        }
+    }
+    let want = if line.fields.contains_key("error") {
+        tracing::Level::ERROR
+    } else {
+        tracing::Level::INFO
+    };
+    assert_eq!(line.level, want, "{line:?}");
 }
 
 #[test]
-fn access_log_json_with_error() {
+fn access_log_has_ztunnels_scope_and_fields() {
     capture_logs();
+    let h = Harness::telemetry(&wasm(), r#"{"accessLog": "on"}"#).unwrap();
+    let mut c = rich_conn();
+    c.src = "10.0.0.1:41111".parse().unwrap();
+    h.open_close(&c, &close(100, 2000));
+    let line = find_access("10.0.0.1:41111").expect("access log line");
+    assert_ztunnel_access_line(&line);
+    // A known source and destination over HBONE: every field of ztunnel's but `error`.
+    let keys: Vec<&str> = line.fields.keys().map(String::as_str).collect();
+    let mut want: Vec<&str> = ZTUNNEL_ACCESS_FIELDS
+        .into_iter()
+        .filter(|k| *k != "error")
+        .chain(["message"])
+        .collect();
+    want.sort_unstable();
+    assert_eq!(keys, want, "{line:?}");
+    assert_eq!(line.str("src.cluster"), Some("Kubernetes"));
+    assert_eq!(line.str("dst.cluster"), Some("Kubernetes"));
+    assert_eq!(line.str("src.workload"), Some("client-7d9"));
+    assert_eq!(line.str("src.namespace"), Some("shop"));
+    assert_eq!(
+        line.str("src.identity"),
+        Some("spiffe://cluster.local/ns/shop/sa/frontend")
+    );
+    assert_eq!(line.shown("dst.addr"), Some("10.0.0.2:15008"));
+    assert_eq!(line.shown("dst.hbone_addr"), Some("10.0.0.2:8080"));
+    assert_eq!(
+        line.str("dst.service"),
+        Some("server.shop.svc.cluster.local")
+    );
+    assert_eq!(line.str("dst.workload"), Some("server"));
+    assert_eq!(line.str("dst.namespace"), Some("shop"));
+    assert_eq!(
+        line.str("dst.identity"),
+        Some("spiffe://cluster.local/ns/shop/sa/backend")
+    );
+    assert_eq!(line.str("direction"), Some("inbound"));
+    // Inbound: sent is what the local workload sent back (ztunnel unflips Istio's metric directions for logs).
+    assert_eq!(line.u64("bytes_sent"), Some(2000));
+    assert_eq!(line.u64("bytes_recv"), Some(100));
+    assert_eq!(line.str("duration"), Some("1500ms"));
+}
+
+#[test]
+fn access_log_of_a_denial_is_an_error_line_with_the_reason() {
+    capture_logs();
+    // `json`, the value of earlier versions, still turns the log on.
     let h = Harness::telemetry(&wasm(), r#"{"accessLog": "json"}"#).unwrap();
     let mut c = conn(9999, None);
     c.src = "10.0.0.1:42222".parse().unwrap();
@@ -527,22 +666,36 @@ fn access_log_json_with_error() {
     };
     h.host().on_close(&Arc::new(c), &denied);
     h.host().flush_telemetry();
-    let line = find_log("10.0.0.1:42222").expect("access log line");
-    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
-    assert_eq!(v["message"], "connection complete");
-    assert_eq!(v["src.addr"], "10.0.0.1:42222");
-    assert_eq!(v["dst.addr"], "10.0.0.2:9999");
-    assert_eq!(v["dst.workload"], "server");
-    assert_eq!(v["src.namespace"], "shop");
-    assert_eq!(v["direction"], "inbound");
-    assert_eq!(v["bytes_sent"], 0);
-    assert_eq!(v["bytes_recv"], 0);
-    assert_eq!(v["duration"], "1500ms");
-    assert!(v.get("src.identity").is_none(), "no identity on plaintext");
+    let line = find_access("10.0.0.1:42222").expect("access log line");
+    assert_ztunnel_access_line(&line);
+    assert_eq!(line.level, tracing::Level::ERROR);
+    assert_eq!(line.shown("dst.addr"), Some("10.0.0.2:9999"));
+    assert_eq!(line.str("dst.workload"), Some("server"));
+    assert_eq!(line.str("src.namespace"), Some("shop"));
+    assert_eq!(line.str("direction"), Some("inbound"));
+    assert_eq!(line.u64("bytes_sent"), Some(0));
+    assert_eq!(line.u64("bytes_recv"), Some(0));
+    assert_eq!(line.str("duration"), Some("1500ms"));
+    for k in ["src.identity", "dst.identity", "dst.hbone_addr"] {
+        assert!(
+            !line.fields.contains_key(k),
+            "no {k} on plaintext: {line:?}"
+        );
+    }
     assert_eq!(
-        v["error"],
-        "denied by istio-authz: allow policies exist, but none allowed"
+        line.str("error"),
+        Some("denied by istio-authz: allow policies exist, but none allowed")
     );
+}
+
+#[test]
+fn access_log_off_writes_no_line() {
+    capture_logs();
+    let h = Harness::telemetry(&wasm(), r#"{"accessLog": "off"}"#).unwrap();
+    let mut c = rich_conn();
+    c.src = "10.0.0.1:43333".parse().unwrap();
+    h.open_close(&c, &close(1, 1));
+    assert!(find_access("10.0.0.1:43333").is_none());
 }
 
 #[test]

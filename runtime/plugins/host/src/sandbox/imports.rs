@@ -78,6 +78,11 @@ impl log::Host for StoreData {
         self.log_line(level, &message);
         Ok(())
     }
+
+    fn access(&mut self, entry: log::AccessEntry) -> Result<()> {
+        self.access_line(&entry);
+        Ok(())
+    }
 }
 
 impl metrics::Host for StoreData {

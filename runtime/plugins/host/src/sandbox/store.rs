@@ -127,15 +127,7 @@ impl StoreData {
             self.ctx.counters.log_dropped.inc();
             return;
         }
-        let mut message = message.to_string();
-        if message.len() > self.ctx.max_log_len {
-            let mut cut = self.ctx.max_log_len;
-            while !message.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            message.truncate(cut);
-            message.push('…');
-        }
+        let message = capped(message, self.ctx.max_log_len);
         let plugin = self.ctx.name.as_str();
         match level {
             log::Level::Trace => tracing::trace!(target: "plugin", plugin, "{message}"),
@@ -146,9 +138,93 @@ impl StoreData {
         }
     }
 
+    /// A plugin's access log entry, written as ztunnel writes its own (`src/proxy/metrics.rs` `access_log!`):
+    /// target `access`, no parent span, "connection complete", error level when it reports an error, else info.
+    /// Rate-limited with the plugin's other lines.
+    pub(crate) fn access_line(&self, e: &log::AccessEntry) {
+        if !tracing::enabled!(target: "access", tracing::Level::ERROR) {
+            return;
+        }
+        if !self.ctx.log.allow() {
+            self.ctx.counters.log_dropped.inc();
+            return;
+        }
+        let max = self.ctx.max_log_len;
+        let s = |v| capped(v, max);
+        let o = |v| capped_opt(v, max);
+        let (src_workload, src_namespace, src_identity, src_cluster) = (
+            o(&e.src_workload),
+            o(&e.src_namespace),
+            o(&e.src_identity),
+            o(&e.src_cluster),
+        );
+        let (dst_service, dst_workload, dst_namespace, dst_identity, dst_cluster) = (
+            o(&e.dst_service),
+            o(&e.dst_workload),
+            o(&e.dst_namespace),
+            o(&e.dst_identity),
+            o(&e.dst_cluster),
+        );
+        let dst_hbone_addr = o(&e.dst_hbone_addr);
+        let (src_addr, dst_addr, direction) = (s(&e.src_addr), s(&e.dst_addr), s(&e.direction));
+        let duration = format!("{}ms", e.duration_ms);
+        let error = o(&e.error);
+        macro_rules! access {
+            ($level:expr) => {
+                tracing::event!(
+                    target: "access",
+                    parent: None,
+                    $level,
+                    src.addr = %src_addr,
+                    src.workload = src_workload.as_deref(),
+                    src.namespace = src_namespace.as_deref(),
+                    src.identity = src_identity.as_deref(),
+                    src.cluster = src_cluster.as_deref(),
+                    dst.addr = %dst_addr,
+                    dst.hbone_addr = dst_hbone_addr.as_deref().map(tracing::field::display),
+                    dst.service = dst_service.as_deref(),
+                    dst.workload = dst_workload.as_deref(),
+                    dst.namespace = dst_namespace.as_deref(),
+                    dst.identity = dst_identity.as_deref(),
+                    dst.cluster = dst_cluster.as_deref(),
+                    direction = &*direction,
+                    bytes_sent = e.bytes_sent,
+                    bytes_recv = e.bytes_recv,
+                    duration = duration.as_str(),
+                    error = error.as_deref(),
+                    "connection complete"
+                )
+            };
+        }
+        if error.is_some() {
+            access!(tracing::Level::ERROR);
+        } else {
+            access!(tracing::Level::INFO);
+        }
+    }
+
     pub(super) fn workload(&self, r: &Resource<WorkloadRes>) -> Result<&weft_hooks::WorkloadMeta> {
         Ok(&self.table.get(r)?.meta)
     }
+}
+
+/// `message`, cut to `max` bytes (on a character boundary, marked with `…`).
+fn capped(message: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if message.len() <= max {
+        return std::borrow::Cow::Borrowed(message);
+    }
+    let mut cut = max;
+    while !message.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let mut m = message[..cut].to_string();
+    m.push('…');
+    std::borrow::Cow::Owned(m)
+}
+
+/// An optional value, cut as [`capped`] cuts.
+fn capped_opt(v: &Option<String>, max: usize) -> Option<std::borrow::Cow<'_, str>> {
+    v.as_deref().map(|v| capped(v, max))
 }
 
 /// The store's epoch-deadline callback: the call in progress goes on while its budget lasts.
