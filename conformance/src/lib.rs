@@ -186,24 +186,18 @@ impl Drop for Mesh {
 pub const EVENT_TIMEOUT_FLOOR: Duration = Duration::from_secs(30);
 
 /// Poll `f` until it returns `Some`, or fail after `timeout` (at least [`EVENT_TIMEOUT_FLOOR`]).
-pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut f: F) -> T
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, f: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
     // The wait ends at the event, so a generous bound costs nothing when things work and keeps a loaded machine
     // (a CI run, a parallel build) from turning a slow event into a failure.
-    let timeout = timeout.max(EVENT_TIMEOUT_FLOOR);
-    let start = std::time::Instant::now();
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            start.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
+    // Every 25 ms: a poll here is usually a request to a node's admin server.
+    let every = Duration::from_millis(25);
+    match weft_testkit::poll_within(timeout.max(EVENT_TIMEOUT_FLOOR), every, what, f).await {
+        Ok(v) => v,
+        Err(e) => panic!("{e}"),
     }
 }
 

@@ -262,24 +262,16 @@ fn mesh_file(case: &Case, label: &str) -> String {
 
 // ---- waiting on the nodes --------------------------------------------------------------------------------------
 
-/// Poll `f` until it returns `Some`, or `Err(what)` after `timeout`.
-async fn wait_for<T, F, Fut>(timeout: Duration, what: &str, mut f: F) -> Result<T, String>
+/// Poll `f` until it returns `Some`, or `Err(what)` after `timeout` (at least the suite's floor).
+async fn wait_for<T, F, Fut>(timeout: Duration, what: &str, f: F) -> Result<T, String>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    // Waits end at the event: a generous floor costs nothing when things work and absorbs a loaded machine.
     let timeout = timeout.max(weft_conformance::EVENT_TIMEOUT_FLOOR);
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f().await {
-            return Ok(v);
-        }
-        if start.elapsed() > timeout {
-            return Err(format!("timed out after {timeout:?} waiting for {what}"));
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    weft_testkit::eventually_within(timeout, what, f)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 async fn version(node: &NodeProcess) -> u64 {

@@ -15,10 +15,7 @@ pub use node::{NodeOptions, NodeProcess};
 
 use std::path::{Path, PathBuf};
 
-/// Write a development root CA into `dir` (root-cert.pem, root-key.pem).
-pub fn write_dev_ca(dir: &Path, trust_domain: &str) -> Result<(), weft_identity::Error> {
-    weft_identity::ca::write_root(dir, trust_domain, std::time::Duration::from_secs(24 * 3600))
-}
+pub use weft_testkit::ca::write_dev_ca;
 
 /// The weft binary: `$WEFT_BIN`, or `weft` in the target directory that holds the running executable
 /// (`target/<profile>/deps/<test>` → `target/<profile>/weft`).

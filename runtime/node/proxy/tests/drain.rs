@@ -10,10 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use weft_hbone::{ConnectRequest, H2Config};
 use weft_identity::{SecretManager, SpiffeId};
 use weft_proxy::{InboundBind, Proxy, ProxyConfig, ProxyMetrics};
+use weft_testkit::echo_server;
 
 /// The floor of every event wait.
 const WAIT: Duration = Duration::from_secs(30);
@@ -59,21 +60,6 @@ fn bound(p: &Proxy, what: &str) -> SocketAddr {
         .1
 }
 
-/// A TCP echo server on `ip`.
-async fn echo(ip: IpAddr) -> SocketAddr {
-    let lis = TcpListener::bind(SocketAddr::new(ip, 0)).await.unwrap();
-    let addr = lis.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = lis.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = s.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-            });
-        }
-    });
-    addr
-}
-
 /// Resolves once `addr` refuses connections (the listener is closed). Each attempt that still connects gives the
 /// runtime a turn before the next.
 async fn refused(addr: SocketAddr) {
@@ -115,7 +101,10 @@ async fn socks5_round_trip(s: &mut TcpStream, dst: SocketAddr) {
 
 #[tokio::test]
 async fn drain_waits_for_a_connection_accepted_but_still_being_set_up() {
-    let dst = echo(IpAddr::V4(Ipv4Addr::LOCALHOST)).await;
+    let dst = echo_server(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0))
+        .await
+        .unwrap()
+        .0;
     let mut cfg = config(Duration::from_secs(3600));
     cfg.socks5_addr = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
     let proxy = start(cfg, "workloads: []\n", identity()).await;
@@ -173,7 +162,7 @@ async fn a_connection_still_being_set_up_at_the_drain_deadline_is_closed() {
 #[tokio::test]
 async fn an_hbone_connection_accepted_before_the_drain_is_served() {
     let ip = IpAddr::V4(Ipv4Addr::new(127, 88, 0, 2));
-    let dst = echo(ip).await;
+    let dst = echo_server(SocketAddr::new(ip, 0)).await.unwrap().0;
     let mesh = format!(
         "workloads:
 - uid: Kubernetes//Pod/default/echo

@@ -5,13 +5,13 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::{greet, proxy_on, shards};
 use tokio::net::TcpStream;
 use weft_proxy::metrics::ListenerLabels;
 use weft_proxy::shards::SPILL_MARGIN;
 use weft_proxy::{Proxy, ProxyMetrics};
+use weft_testkit::until;
 
 mod common;
 
@@ -20,17 +20,6 @@ const SOCKS5: ListenerLabels = ListenerLabels { listener: "socks5" };
 
 async fn proxy(metrics: Arc<ProxyMetrics>, cap: Option<usize>) -> (Arc<Proxy>, SocketAddr) {
     proxy_on(metrics, cap, None).await
-}
-
-/// Wait until `f` holds (checked each time the runtime has run other tasks), at most a generous while.
-async fn until(what: &str, f: impl Fn() -> bool) {
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while !f() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

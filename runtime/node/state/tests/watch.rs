@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use weft_state::{ConfigError, StateStore, load_into, watch_file};
+use weft_testkit::{PATIENCE, until};
 
 const TICK: Duration = Duration::from_millis(20);
-const PATIENCE: Duration = Duration::from_secs(60);
 
 fn workloads_yaml(names: &[&str]) -> String {
     let mut out = String::from("workloads:\n");
@@ -28,17 +28,6 @@ fn replace_file(path: &Path, text: &str) {
     let tmp = path.with_extension("swp");
     std::fs::write(&tmp, text).unwrap();
     std::fs::rename(&tmp, path).unwrap();
-}
-
-async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !cond() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 #[test]
@@ -127,7 +116,7 @@ async fn edits_are_applied_live_and_broken_edits_refused() {
         &path,
         "workloads:\n- uid: a\n  namespace: default\n  workloadIps: [10.0.0.300]\n",
     );
-    wait_until("the broken edit to be refused", || {
+    until("the broken edit to be refused", || {
         store.refused_reloads() == 1
     })
     .await;
@@ -155,7 +144,7 @@ async fn edits_are_applied_live_and_broken_edits_refused() {
 
     // A removed file is an error too; the last good state stays.
     std::fs::remove_file(&path).unwrap();
-    wait_until("the removal to be reported", || {
+    until("the removal to be reported", || {
         store.refused_reloads() == 2
     })
     .await;
@@ -184,7 +173,7 @@ async fn edits_are_applied_live_and_broken_edits_refused() {
     // Rewriting the same bytes is not a change.
     replace_file(&path, &workloads_yaml(&["d"]));
     let checks = store.source_checks();
-    wait_until(
+    until(
         "the watcher to look at the rewritten file three times",
         || store.source_checks() >= checks + 3,
     )
@@ -193,7 +182,7 @@ async fn edits_are_applied_live_and_broken_edits_refused() {
 
     // Emptying the file does not drop every workload.
     std::fs::write(&path, "").unwrap();
-    wait_until("the empty file to be refused", || {
+    until("the empty file to be refused", || {
         store.refused_reloads() == 3
     })
     .await;
@@ -210,7 +199,7 @@ async fn watcher_loads_an_unloaded_store_and_stops_with_it() {
     std::fs::write(&path, workloads_yaml(&["a"])).unwrap();
     let store = Arc::new(StateStore::new());
     let watcher = watch_file(path, store.clone(), TICK);
-    wait_until("the first load", || store.is_loaded()).await;
+    until("the first load", || store.is_loaded()).await;
     assert_eq!(store.version(), 1);
     assert_eq!(store.refused_reloads(), 0);
 

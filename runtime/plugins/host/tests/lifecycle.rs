@@ -12,6 +12,7 @@ use weft_hooks::{ConnectionHooks, Direction, Verdict};
 use weft_plugin_host::testing::{conn, workload};
 use weft_plugin_host::{HostConfig, Outcome, PluginHost, sha256_hex};
 use weft_state::{PluginSource, PluginSpec};
+use weft_testkit::eventually_blocking as eventually;
 
 /// See [`common::pinned_code`].
 fn code(wasm: &std::path::Path) -> PluginSource {
@@ -143,21 +144,6 @@ fn bad_versions_are_rejected_while_the_old_one_serves() {
     );
     assert_eq!(loaded(&report, "p"), good_sha);
     assert!(host.authorize(&conn(81, Some(PEER))).is_allow());
-}
-
-/// Polls `f` until it returns `Some` (an event), failing after a generous minute.
-fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            std::time::Instant::now() < until,
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
 }
 
 /// Threads authorize in a loop while the plugin flips between two configs: no call fails, and the new behaviour

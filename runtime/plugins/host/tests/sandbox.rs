@@ -10,13 +10,14 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use weft_hooks::{ConnectionHooks, Verdict};
 use weft_plugin_host::testing::conn;
 use weft_plugin_host::{HostConfig, Outcome, PluginHost};
 use weft_state::FailurePolicy;
+use weft_testkit::eventually_blocking as eventually;
 
 /// `common::policy` with the code read under the wasm build lock into an inline source: another test binary
 /// may rebuild the plugins meanwhile, and a file read in the middle of a rewrite is not a component.
@@ -78,18 +79,6 @@ fn contained_with(mode: &str, kind: &str, cfg: &HostConfig) {
         Verdict::Allow,
         "{mode} fail-open"
     );
-}
-
-/// Polls `f` until it returns `Some` (an event: a counter, a status field), failing after a generous minute.
-fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let until = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 fn status(host: &PluginHost, name: &str) -> weft_plugin_host::PluginStatus {

@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use weft_control::{ControlConfig, Running};
 use weft_grpc_server::Authenticator;
+#[allow(unused_imports)] // not every test binary waits
+pub use weft_testkit::until;
 
 #[allow(unused_imports)]
 pub use client::{AdsClient, WAIT, channel, names, node, versions};
@@ -132,18 +134,6 @@ pub fn plugin_yaml(name: &str, code_file: &str, config: &str, extra: &str) -> St
         "apiVersion: weft.dev/v1alpha1\nkind: WeftPlugin\nmetadata:\n  name: {name}\nspec:\n  url: file://{code_file}\n  \
          pluginConfig: {config}\n  kind: policy\n{extra}"
     )
-}
-
-/// Poll `cond` until it holds ([`WAIT`] at most): for conditions with no event to wait on (a file refused).
-pub async fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !cond() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// GET a path of a loopback HTTP server; returns (status, body).

@@ -13,6 +13,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 use weft_hbone::{Error, H2Client, H2Config, InboundRequest, serve_connection};
+#[allow(unused_imports)] // not every test binary waits
+pub use weft_testkit::until as eventually;
 
 /// Upper bound for anything a test waits on.
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -187,16 +189,4 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| ((i as u64).wrapping_mul(2_654_435_761) >> 13) as u8 ^ seed)
         .collect()
-}
-
-/// Polls `cond` until it holds or [`WAIT`] passes.
-pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !cond() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }

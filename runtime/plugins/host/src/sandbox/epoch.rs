@@ -211,15 +211,10 @@ mod tests {
     #![allow(clippy::unwrap_used)] // test code: a panic fails the test
 
     use super::*;
-    use std::time::Instant;
 
-    /// Polls `f` until it holds, failing after a generous minute (an event wait, not a timing).
+    /// Waits until `f` holds (the shared test kit's event wait).
     fn eventually(what: &str, f: impl Fn() -> bool) {
-        let until = Instant::now() + Duration::from_secs(60);
-        while !f() {
-            assert!(Instant::now() < until, "never: {what}");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        weft_testkit::eventually_blocking(what, || f().then_some(()))
     }
 
     #[test]
