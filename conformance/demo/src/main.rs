@@ -11,9 +11,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use weft_devmesh::control::{Control, free_port, plugin_xds_flags, write_tokens, xds_flags};
 use clap::Parser;
 use sha2::Digest as _;
+use weft_devmesh::control::{Control, free_port, plugin_xds_flags, write_tokens, xds_flags};
 use weft_devmesh::{NodeOptions, NodeProcess, socks5, workload};
 
 /// weft-demo: a two-node weft mesh on 127.0.0.x with its control plane; sends traffic through it, shows the mTLS
