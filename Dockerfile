@@ -22,7 +22,7 @@ COPY . .
 RUN --mount=type=cache,id=weft-cargo-registry,target=/usr/local/cargo/registry \
     --mount=type=cache,id=weft-target,target=/src/target \
     --mount=type=cache,id=weft-target-wasm,target=/src/target-wasm \
-    cargo build --release --locked -p weft -p weft-control -p weft-ca-server \
+    cargo build --release --locked -p weft -p weft-control \
     && install -D -m 0755 target/release/weft /out/weft \
     && install -D -m 0755 target/release/weft-control /out/weft-control \
     && install -D -m 0755 target/release/weft-ca /out/weft-ca

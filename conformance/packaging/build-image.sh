@@ -3,8 +3,8 @@
 #
 #   conformance/packaging/build-image.sh [--push] [--minimal-base] [--tag IMAGE] [RELEASE_DIR]
 #
-# RELEASE_DIR (or $WEFT_RELEASE_DIR, default target/release) holds `weft` and `weft-ca` from
-# `cargo build --release --locked -p weft -p weft-ca-server`, built on Debian 12 (the Dockerfile's build stage is
+# RELEASE_DIR (or $WEFT_RELEASE_DIR, default target/release) holds `weft`, `weft-control` and `weft-ca` from
+# `cargo build --release --locked -p weft -p weft-control`, built on Debian 12 (the Dockerfile's build stage is
 # rust:*-bookworm, so the glibc they need is the one the runtime stage carries).
 #
 # What it does:
@@ -99,9 +99,9 @@ fi
 [[ -f "$dockerfile" ]] || die "no Dockerfile at $dockerfile"
 resolved="$(cd "$release_dir" 2>/dev/null && pwd)" || die "release directory $release_dir does not exist"
 release_dir="$resolved"
-for bin in weft weft-ca; do
+for bin in weft weft-control weft-ca; do
     [[ -x "$release_dir/$bin" ]] ||
-        die "$release_dir/$bin is missing: cargo build --release --locked -p weft -p weft-ca-server (or pass the directory)"
+        die "$release_dir/$bin is missing: cargo build --release --locked -p weft -p weft-control (or pass the directory)"
 done
 arch="$(dpkg --print-architecture)"
 base_files_version="$(apt-cache policy base-files | awk '/Candidate:/ {print $2}')"
@@ -231,8 +231,8 @@ containerfile="$work/Containerfile"
 
 # --- 1. the stand-in base ----------------------------------------------------------------------------------------
 say "1. stand-in for $upstream_base (from Debian 12 packages, NOT Google's image) -> $standin_base"
-links="$(for bin in weft weft-ca; do needed "$release_dir/$bin"; done | sort -u | paste -sd ' ')"
-echo "weft and weft-ca link: $links"
+links="$(for bin in weft weft-control weft-ca; do needed "$release_dir/$bin"; done | sort -u | paste -sd ' ')"
+echo "weft, weft-control and weft-ca link: $links"
 packages=(base-files netbase tzdata media-types libc6 libssl3 gcc-12-base libgcc-s1 libgomp1 libstdc++6)
 if ((minimal)); then
     packages=(base-files netbase tzdata media-types libc6 gcc-12-base libgcc-s1)
@@ -388,7 +388,7 @@ echo "base files present (passwd, group, services, nsswitch.conf, CA bundle with
 echo "mime.types, /tmp 1777, /home/nonroot 65532 0700); no /bin/sh"
 
 echo "libraries the image's ld.so resolves (the binaries' ELF interpreter, run in the image's root):"
-for bin in weft weft-ca; do
+for bin in weft weft-control weft-ca; do
     interp="$(readelf -l "$release_dir/$bin" 2>/dev/null | sed -n 's/.*program interpreter: \(.*\)\]/\1/p')"
     interp="${interp:-/lib64/ld-linux-x86-64.so.2}"
     echo "  /usr/local/bin/$bin (interpreter $interp):"

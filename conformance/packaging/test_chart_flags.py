@@ -43,11 +43,11 @@ def parse_help(text: str) -> tuple[dict[str, Flag], set[str]]:
 
 
 def source_env_names() -> set[str]:
-    """`env = "NAME"` in the CLI definitions (`weft run` in runtime/node/weft/src, `weft-control` in runtime/control/ads/src)."""
+    """`env = "NAME"` in the CLI definitions (`weft run` in runtime/node/weft/src, `weft-control` in runtime/control/src/ads)."""
     names = set()
-    for crate in ("node/weft", "control/ads"):
-        sources = list((REPO / "runtime" / crate / "src").rglob("*.rs"))
-        assert sources, f"runtime/{crate}/src has no Rust sources: did the crate move?"
+    for crate in ("node/weft/src", "control/src/ads"):
+        sources = list((REPO / "runtime" / crate).rglob("*.rs"))
+        assert sources, f"runtime/{crate} has no Rust sources: did the crate move?"
         for path in sources:
             names |= set(re.findall(r'\benv\s*=\s*"([A-Z][A-Z0-9_]*)"', path.read_text()))
     return names

@@ -91,7 +91,7 @@ def test_build_uses_the_pinned_toolchain_and_the_wasm_target(parsed):
     assert copies[0] == "rust-toolchain.toml ./", "the toolchain layer comes before the sources"
     assert any("rustup toolchain install" in r for r in runs)
     (cargo,) = [r for r in runs if "cargo build" in r]
-    for flag in ["--release", "--locked", "-p weft ", "-p weft-control ", "-p weft-ca-server"]:
+    for flag in ["--release", "--locked", "-p weft ", "-p weft-control "]:
         assert flag in cargo, flag
 
 
@@ -114,8 +114,7 @@ def test_the_binaries_exist_in_the_workspace():
     bins = set()
     for manifest in [
         REPO / "runtime/node/weft/Cargo.toml",
-        REPO / "runtime/control/ca/Cargo.toml",
-        REPO / "runtime/control/ads/Cargo.toml",
+        REPO / "runtime/control/Cargo.toml",
     ]:
         data = tomllib.loads(manifest.read_text())
         bins |= {b["name"] for b in data.get("bin", [])} or {data["package"]["name"]}

@@ -201,14 +201,14 @@ where
     }
 }
 
-/// The reference CA binary, `weft-ca`, built next to `weft` (`cargo build -p weft -p weft-ca-server`).
+/// The reference CA binary, `weft-ca`, built next to `weft` (`cargo build -p weft -p weft-control`).
 pub fn weft_ca_binary() -> std::path::PathBuf {
     let ca = weft_devmesh::weft_binary()
         .expect("the weft binary")
         .with_file_name("weft-ca");
     assert!(
         ca.is_file(),
-        "{} not found: run `cargo build -p weft -p weft-ca-server` first",
+        "{} not found: run `cargo build -p weft -p weft-control` first",
         ca.display()
     );
     ca

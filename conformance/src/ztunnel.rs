@@ -10,7 +10,7 @@
 //! outbound 15001, inbound plaintext 15006, HBONE 15008, readiness 15021.
 //!
 //! A release ztunnel has no fake CA (that needs its `testing` feature), so its certificates come from `weft-ca`,
-//! the reference Istio-protocol CA (`runtime/control/ca`), over gRPC+TLS on node A's link address: each node
+//! the reference Istio-protocol CA (`runtime/control/src/ca`), over gRPC+TLS on node A's link address: each node
 //! authenticates with a static token whose identity is the workload it proxies for, so it only ever asks for its
 //! own identity (dedicated mode sends no impersonation). `weft-ca` is found next to the weft binary
 //! ([`weft_devmesh::weft_binary`]).

@@ -8,7 +8,7 @@
 //! in `ca_files.rs`.) Every wait is for an event (a log line, a dump, a process exit)
 //! with a generous overall bound; nothing asserts on elapsed time.
 //!
-//! Needs `cargo build -p weft -p weft-ca-server` first (the binaries are found next to each other).
+//! Needs `cargo build -p weft -p weft-control` first (the binaries are found next to each other).
 #![allow(clippy::unwrap_used)]
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

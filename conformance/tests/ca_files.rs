@@ -3,7 +3,7 @@
 //! a warning, once it is fixed), and `weft-ca` refuses a malformed `--trusted-node-accounts`. (The Istio CA
 //! protocol end to end is `ca.rs`.) Every wait is for an event with a generous overall bound.
 //!
-//! Needs `cargo build -p weft -p weft-ca-server` first (the binaries are found next to each other).
+//! Needs `cargo build -p weft -p weft-control` first (the binaries are found next to each other).
 #![allow(clippy::unwrap_used)] // a test panics to fail
 
 use std::path::Path;
@@ -120,7 +120,7 @@ async fn weft_run_refuses_a_ca_key_readable_by_others() {
     let mut node = NodeProcess::spawn(&weft, &opts).unwrap();
     node.wait_ready(PATIENCE).await.unwrap();
     let warned = node.log_lines().into_iter().find(|l| {
-        l["level"] == "WARN"
+        l["level"] == "warn"
             && l["message"]
                 .as_str()
                 .is_some_and(|m| m.starts_with("local CA mode"))

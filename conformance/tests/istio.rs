@@ -246,7 +246,7 @@ async fn policies_no_plugin_enforces_fail_closed_unless_allowed() {
                 mesh.b
                     .log_lines()
                     .into_iter()
-                    .find(|l| l["policy"] == "default/only-8080" && l["level"] == "ERROR")
+                    .find(|l| l["policy"] == "default/only-8080" && l["level"] == "error")
             })
             .await;
             assert!(

@@ -382,7 +382,7 @@ async fn idle_connections_time_out_and_log_level_changes_at_run_time() {
         mesh.a
             .log_lines()
             .into_iter()
-            .find(|l| l["level"] == "DEBUG" && l["message"] == "connection established")
+            .find(|l| l["level"] == "debug" && l["message"] == "connection established")
     })
     .await;
     // Readiness stays on 127.0.x.254 only where asked; the admin server refuses a non-loopback bind.

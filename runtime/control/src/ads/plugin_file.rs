@@ -1,0 +1,541 @@
+//! `WeftPlugin` files: a YAML resource modelled on Istio's `WasmPlugin` (extensions.istio.io/v1alpha1), one or more
+//! documents a file, and their conversion into the ECDS resource a node receives (an
+//! `envoy.config.core.v3.TypedExtensionConfig` named after the plugin whose `typed_config` is a
+//! `weft.plugin.v1.WeftPlugin`, built as istiod builds a WasmPlugin's Wasm `PluginConfig`).
+//!
+//! ```yaml
+//! apiVersion: weft.dev/v1alpha1
+//! kind: WeftPlugin
+//! metadata:
+//!   name: allowlist
+//! spec:
+//!   url: file://port_allowlist.wasm   # relative to the directory (inlined), or https://..., oci://...
+//!   sha256: 0167d5...                 # required for https://; checked for file://
+//!   pluginConfig: {ports: [8080]}     # handed to configure() as JSON
+//!   failStrategy: FAIL_CLOSE          # or FAIL_OPEN; unset: the kind's default
+//!   kind: policy                      # or telemetry; unset: taken from the component's world
+//!   priority: 0                       # lower runs first (weft's order; Istio's WasmPlugin runs higher first)
+//!   directions: [inbound]             # and/or outbound
+//!   selector: {namespaces: [shop], workloads: [web-1]}
+//!   rollout:                          # automatic rollback on the nodes; unset: the nodes' defaults
+//!     window: 30s
+//!     maxFailureRatio: 0.2
+//!     minCalls: 20
+//!     nodes: [node-a]                 # staged: only these nodes get this version, the others keep theirs
+//! ```
+//!
+//! Every value is checked while it is deserialized, so a refused file names its field path and line.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+use sha2::{Digest, Sha256};
+use weft_proto::envoy::config::core::v3 as core;
+use weft_proto::envoy::extensions::wasm::v3 as wasm;
+use weft_proto::type_url;
+use weft_proto::weft::plugin::v1 as pb;
+use weft_state::ConfigError;
+
+use crate::ads::resources::{NodeSelector, PluginEntry, PluginInfo, Resource};
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Document {
+    #[serde(default)]
+    #[allow(
+        dead_code,
+        reason = "accepted as in a Kubernetes resource; any group version"
+    )]
+    api_version: String,
+    #[allow(dead_code, reason = "checked while parsing: it must say WeftPlugin")]
+    kind: KindTag,
+    metadata: Metadata,
+    spec: Spec,
+}
+
+/// Deserialize a string and check it inside the scalar's own visitor, so serde_yaml reports the error at that
+/// value's field path and line (an error raised after `String::deserialize` returned is placed at the enclosing
+/// mapping).
+fn checked_str<'de, D, T>(
+    d: D,
+    expecting: &'static str,
+    check: impl FnOnce(&str) -> Result<T, String>,
+) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    struct V<F>(&'static str, F);
+    impl<'de, T, F: FnOnce(&str) -> Result<T, String>> serde::de::Visitor<'de> for V<F> {
+        type Value = T;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(self.0)
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<T, E> {
+            (self.1)(v).map_err(E::custom)
+        }
+    }
+    d.deserialize_str(V(expecting, check))
+}
+
+/// `kind: WeftPlugin`, and nothing else.
+#[derive(Debug)]
+struct KindTag;
+
+impl<'de> Deserialize<'de> for KindTag {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        checked_str(d, "WeftPlugin", |s| {
+            if s == "WeftPlugin" {
+                Ok(KindTag)
+            } else {
+                Err(format!("kind must be WeftPlugin, not {s:?}"))
+            }
+        })
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Metadata {
+    name: PluginName,
+    #[serde(default)]
+    #[allow(
+        dead_code,
+        reason = "accepted as in a Kubernetes resource; plugin names are global"
+    )]
+    namespace: String,
+    #[serde(default)]
+    #[allow(dead_code, reason = "accepted as in a Kubernetes resource")]
+    labels: serde_yaml::Mapping,
+    #[serde(default)]
+    #[allow(dead_code, reason = "accepted as in a Kubernetes resource")]
+    annotations: serde_yaml::Mapping,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Spec {
+    url: CodeUrl,
+    #[serde(default)]
+    sha256: Option<Sha256Hex>,
+    #[serde(default)]
+    plugin_config: Option<serde_json::Value>,
+    #[serde(default)]
+    plugin_name: String,
+    #[serde(default)]
+    fail_strategy: Option<FailStrategy>,
+    #[serde(default)]
+    kind: Option<KindWire>,
+    #[serde(default)]
+    priority: i32,
+    #[serde(default)]
+    directions: Option<Vec<DirectionWire>>,
+    #[serde(default)]
+    selector: Option<SelectorWire>,
+    #[serde(default)]
+    recheck: Option<bool>,
+    #[serde(default)]
+    rollout: Option<RolloutWire>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct SelectorWire {
+    #[serde(default)]
+    namespaces: Vec<String>,
+    #[serde(default)]
+    workloads: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RolloutWire {
+    #[serde(default)]
+    window: Option<DurationText>,
+    #[serde(default)]
+    max_failure_ratio: Option<Ratio>,
+    #[serde(default)]
+    min_calls: Option<u32>,
+    #[serde(default)]
+    disabled: bool,
+    #[serde(default)]
+    nodes: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+enum FailStrategy {
+    #[serde(rename = "FAIL_CLOSE")]
+    Close,
+    #[serde(rename = "FAIL_OPEN")]
+    Open,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "camelCase")]
+enum KindWire {
+    Policy,
+    Telemetry,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+enum DirectionWire {
+    Inbound,
+    Outbound,
+}
+
+/// A plugin name: 1-253 characters of `[A-Za-z0-9._-]` (it names the xDS resource and the plugin's metrics).
+#[derive(Debug, Clone)]
+struct PluginName(String);
+
+impl<'de> Deserialize<'de> for PluginName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        checked_str(d, "a plugin name", |s| {
+            let ok = !s.is_empty()
+                && s.len() <= 253
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+            if ok {
+                Ok(PluginName(s.to_owned()))
+            } else {
+                Err(format!(
+                    "invalid plugin name {s:?}: 1-253 characters of letters, digits, '.', '_' and '-'"
+                ))
+            }
+        })
+    }
+}
+
+/// Where the code is.
+#[derive(Debug, Clone)]
+enum CodeUrl {
+    /// `file://` path (relative to the directory unless absolute).
+    File(String),
+    /// `https://...` or `oci://...`, handed to the nodes as it is.
+    Remote(String),
+}
+
+impl<'de> Deserialize<'de> for CodeUrl {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        checked_str(d, "a code URL", |s| {
+            if let Some(path) = s.strip_prefix("file://") {
+                if path.is_empty() {
+                    return Err("file:// URL without a path".into());
+                }
+                return Ok(CodeUrl::File(path.to_owned()));
+            }
+            for scheme in ["https://", "oci://"] {
+                if let Some(rest) = s.strip_prefix(scheme) {
+                    let host = rest.split('/').next().unwrap_or_default();
+                    if host.is_empty() || rest.len() == host.len() {
+                        return Err(format!("{s:?}: expected {scheme}host/path"));
+                    }
+                    if s.bytes()
+                        .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+                    {
+                        return Err(format!("{s:?}: URL contains whitespace"));
+                    }
+                    return Ok(CodeUrl::Remote(s.to_owned()));
+                }
+            }
+            Err(format!(
+                "unsupported URL {s:?}: expected oci://, https:// or file://"
+            ))
+        })
+    }
+}
+
+impl fmt::Display for CodeUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CodeUrl::File(p) => write!(f, "file://{p}"),
+            CodeUrl::Remote(u) => f.write_str(u),
+        }
+    }
+}
+
+/// 64 hex digits (stored lower-case).
+#[derive(Debug, Clone)]
+struct Sha256Hex(String);
+
+impl<'de> Deserialize<'de> for Sha256Hex {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        checked_str(d, "a sha256", |s| {
+            if s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()) {
+                Ok(Sha256Hex(s.to_ascii_lowercase()))
+            } else {
+                Err(format!("invalid sha256 {s:?}: expected 64 hex digits"))
+            }
+        })
+    }
+}
+
+/// A ratio in [0, 1].
+#[derive(Debug, Clone, Copy)]
+struct Ratio(f64);
+
+impl<'de> Deserialize<'de> for Ratio {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Ratio;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a ratio between 0 and 1")
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Ratio, E> {
+                if (0.0..=1.0).contains(&v) {
+                    Ok(Ratio(v))
+                } else {
+                    Err(E::custom(format!("{v} is not a ratio between 0 and 1")))
+                }
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Ratio, E> {
+                self.visit_f64(v as f64)
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Ratio, E> {
+                self.visit_f64(v as f64)
+            }
+        }
+        d.deserialize_f64(V)
+    }
+}
+
+/// A duration written as `30s`, `500ms`, `2m`.
+#[derive(Debug, Clone, Copy)]
+struct DurationText(Duration);
+
+impl<'de> Deserialize<'de> for DurationText {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        checked_str(d, "a duration", |s| match humantime::parse_duration(s) {
+            Ok(v) if !v.is_zero() => Ok(DurationText(v)),
+            Ok(_) => Err("the window must not be zero".into()),
+            Err(e) => Err(format!("invalid duration {s:?}: {e} (e.g. 30s, 500ms, 2m)")),
+        })
+    }
+}
+
+fn located(file: &Path, err: &serde_yaml::Error) -> ConfigError {
+    let location = err.location();
+    let mut message = err.to_string();
+    if let Some(loc) = &location {
+        let suffix = format!(" at line {} column {}", loc.line(), loc.column());
+        if let Some(stripped) = message.strip_suffix(&suffix) {
+            message = stripped.to_owned();
+        }
+    }
+    ConfigError::Invalid {
+        file: file.to_path_buf(),
+        line: location.as_ref().map(|l| l.line()),
+        column: location.as_ref().map(|l| l.column()),
+        message,
+    }
+}
+
+/// The line of the `n`th (0-based) `key:` in `text`, for errors found after parsing (a code file that cannot be
+/// read or does not match its sha256).
+fn line_of(text: &str, key: &str, n: usize) -> Option<usize> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| {
+            l.trim_start()
+                .strip_prefix(key)
+                .is_some_and(|r| r.starts_with(':'))
+        })
+        .nth(n)
+        .map(|(i, _)| i + 1)
+}
+
+/// One plugin from a file, not yet turned into a resource.
+#[derive(Debug)]
+pub struct ParsedPlugin {
+    /// The plugin (resource) name.
+    pub name: String,
+    /// The file it came from.
+    pub file: PathBuf,
+    /// Which document of the file (0-based).
+    pub index: usize,
+    spec: Spec,
+}
+
+/// Parse the text of one `WeftPlugin` file (one or more YAML documents; empty documents are skipped).
+pub fn parse_file(text: &str, file: &Path) -> Result<Vec<ParsedPlugin>, ConfigError> {
+    let mut out = Vec::new();
+    for (index, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let value: Option<Document> = Option::deserialize(doc).map_err(|e| located(file, &e))?;
+        if let Some(d) = value {
+            out.push(ParsedPlugin {
+                name: d.metadata.name.0,
+                file: file.to_path_buf(),
+                index,
+                spec: d.spec,
+            });
+        }
+    }
+    Ok(out)
+}
+
+impl ParsedPlugin {
+    /// The code file of a `file://` URL (relative paths against `dir`).
+    pub fn local_code(&self, dir: &Path) -> Option<PathBuf> {
+        match &self.spec.url {
+            CodeUrl::File(p) => Some(dir.join(p)),
+            CodeUrl::Remote(_) => None,
+        }
+    }
+
+    /// Build the resource: read and inline `file://` code (relative paths against `dir`), check its sha256.
+    pub fn into_entry(self, text: &str, dir: &Path) -> Result<PluginEntry, ConfigError> {
+        let s = self.spec;
+        let invalid = |key: &str, message: String| ConfigError::Invalid {
+            file: self.file.clone(),
+            line: line_of(text, key, self.index),
+            column: None,
+            message,
+        };
+        let url_text = s.url.to_string();
+        let (code, sha256) = match &s.url {
+            CodeUrl::File(p) => {
+                let path = dir.join(p);
+                let bytes = std::fs::read(&path).map_err(|e| {
+                    invalid(
+                        "url",
+                        format!("spec.url: cannot read {}: {e}", path.display()),
+                    )
+                })?;
+                let actual = hex::encode(Sha256::digest(&bytes));
+                if let Some(want) = &s.sha256
+                    && want.0 != actual
+                {
+                    return Err(invalid(
+                        "sha256",
+                        format!(
+                            "spec.sha256: {} has sha256 {actual}, not {}",
+                            path.display(),
+                            want.0
+                        ),
+                    ));
+                }
+                let local = core::DataSource {
+                    specifier: Some(core::data_source::Specifier::InlineBytes(bytes)),
+                };
+                (
+                    core::async_data_source::Specifier::Local(local),
+                    Some(actual),
+                )
+            }
+            CodeUrl::Remote(url) => {
+                if url.starts_with("https://") && s.sha256.is_none() {
+                    return Err(invalid(
+                        "url",
+                        "spec.sha256: required for https:// code (nothing else verifies what the nodes \
+                         download)"
+                            .into(),
+                    ));
+                }
+                let remote = core::RemoteDataSource {
+                    http_uri: Some(core::HttpUri {
+                        uri: url.clone(),
+                        // As istiod: the node fetches the code itself, no Envoy cluster is involved.
+                        http_upstream_type: Some(core::http_uri::HttpUpstreamType::Cluster(
+                            "_".into(),
+                        )),
+                        timeout: Some(prost_types::Duration {
+                            seconds: 30,
+                            nanos: 0,
+                        }),
+                    }),
+                    sha256: s.sha256.as_ref().map(|h| h.0.clone()).unwrap_or_default(),
+                    retry_policy: None,
+                };
+                (
+                    core::async_data_source::Specifier::Remote(remote),
+                    s.sha256.as_ref().map(|h| h.0.clone()),
+                )
+            }
+        };
+        let configuration = s
+            .plugin_config
+            .as_ref()
+            .map(|v| weft_proto::to_any(type_url::STRING_VALUE, &v.to_string()));
+        let failure_policy = match s.fail_strategy {
+            None => wasm::FailurePolicy::Unspecified,
+            Some(FailStrategy::Close) => wasm::FailurePolicy::FailClosed,
+            Some(FailStrategy::Open) => wasm::FailurePolicy::FailOpen,
+        };
+        let config = wasm::PluginConfig {
+            name: self.name.clone(),
+            root_id: s.plugin_name,
+            vm: Some(wasm::plugin_config::Vm::VmConfig(wasm::VmConfig {
+                code: Some(core::AsyncDataSource {
+                    specifier: Some(code),
+                }),
+                ..Default::default()
+            })),
+            configuration,
+            fail_open: matches!(s.fail_strategy, Some(FailStrategy::Open)),
+            failure_policy: failure_policy as i32,
+        };
+        let nodes = s
+            .rollout
+            .as_ref()
+            .and_then(|r| r.nodes.clone())
+            .map(NodeSelector);
+        let plugin = pb::WeftPlugin {
+            config: Some(config),
+            kind: match s.kind {
+                None => pb::Kind::Unspecified,
+                Some(KindWire::Policy) => pb::Kind::Policy,
+                Some(KindWire::Telemetry) => pb::Kind::Telemetry,
+            } as i32,
+            priority: s.priority,
+            selector: s.selector.map(|sel| pb::WorkloadSelector {
+                namespaces: sel.namespaces,
+                workloads: sel.workloads,
+            }),
+            directions: s.directions.map(|d| pb::Directions {
+                inbound: d.contains(&DirectionWire::Inbound),
+                outbound: d.contains(&DirectionWire::Outbound),
+            }),
+            // `nodes` alone is the server's business: the staged version and the promoted one are the same
+            // resource, so a promotion sends nothing to the nodes that already run it.
+            rollout: s
+                .rollout
+                .filter(|r| {
+                    r.window.is_some()
+                        || r.max_failure_ratio.is_some()
+                        || r.min_calls.is_some()
+                        || r.disabled
+                })
+                .map(|r| pb::Rollout {
+                    window: r.window.map(|w| prost_types::Duration {
+                        seconds: i64::try_from(w.0.as_secs()).unwrap_or(i64::MAX),
+                        nanos: i32::try_from(w.0.subsec_nanos()).unwrap_or(0),
+                    }),
+                    max_failure_ratio: r.max_failure_ratio.map_or(0.0, |x| x.0),
+                    min_calls: r.min_calls.unwrap_or(0),
+                    disabled: r.disabled,
+                }),
+            recheck: s.recheck,
+        };
+        let ecds = core::TypedExtensionConfig {
+            name: self.name.clone(),
+            typed_config: Some(weft_proto::to_any(type_url::WEFT_PLUGIN, &plugin)),
+        };
+        let resource = Resource::new(
+            self.name.clone(),
+            weft_proto::to_any(type_url::EXTENSION_CONFIG, &ecds),
+        );
+        Ok(PluginEntry {
+            current: std::sync::Arc::new(resource),
+            info: PluginInfo {
+                file: self.file.display().to_string(),
+                url: url_text,
+                sha256,
+            },
+            nodes,
+            base: None,
+            base_info: None,
+        })
+    }
+}

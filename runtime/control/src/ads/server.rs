@@ -1,0 +1,175 @@
+//! Starting weft control: load the sources (a bad one fails the start), bind the gRPC listener, the status and
+//! metrics servers, and serve until stopped.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use crate::auth::Authenticator;
+use weft_proto::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
+
+use crate::ads::service::Ads;
+use crate::ads::metrics::Metrics;
+use crate::ads::publish::Publisher;
+use crate::ads::registry::Registry;
+use crate::ads::status::{LogLevel, Status};
+
+/// Why weft control could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The mesh file or the plugin directory does not load.
+    #[error("{0}")]
+    Source(#[from] weft_state::ConfigError),
+    /// The gRPC listener.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// Address.
+        addr: SocketAddr,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The status or metrics server.
+    #[error("{0}")]
+    Admin(#[from] weft_admin::AdminError),
+}
+
+/// What to serve, and how.
+#[derive(Debug)]
+pub struct ControlConfig {
+    /// gRPC (Delta ADS over TLS) listen address.
+    pub listen: SocketAddr,
+    /// The serving TLS config.
+    pub tls: Arc<rustls::ServerConfig>,
+    /// Caller authentication.
+    pub auth: Authenticator,
+    /// The service accounts node agents run as; other callers are refused and audit-logged (empty: any caller
+    /// the authenticator accepts, as with a static token file whose every entry is a node).
+    pub node_accounts: Vec<crate::ads::service::NodeAccount>,
+    /// The mesh file (ztunnel's local-config format); none: no workloads, services or policies.
+    pub mesh: Option<PathBuf>,
+    /// The directory of WeftPlugin files; none: no plugins.
+    pub plugins_dir: Option<PathBuf>,
+    /// How often the sources are checked for edits.
+    pub poll: Duration,
+    /// Status endpoint (loopback only); none: off.
+    pub status: Option<SocketAddr>,
+    /// Metrics endpoint; none: off.
+    pub metrics: Option<SocketAddr>,
+    /// The log filter, for `/logging`.
+    pub log: Option<Arc<dyn LogLevel>>,
+}
+
+/// A running weft control.
+#[derive(Debug)]
+pub struct Running {
+    /// The bound gRPC address.
+    pub addr: SocketAddr,
+    /// The bound status address.
+    pub status_addr: Option<SocketAddr>,
+    /// The bound metrics address.
+    pub metrics_addr: Option<SocketAddr>,
+    /// What is served.
+    pub publisher: Arc<Publisher>,
+    /// Who is connected.
+    pub registry: Arc<Registry>,
+    /// Cancel to stop.
+    pub stop: CancellationToken,
+    server: tokio::task::JoinHandle<()>,
+    sources: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Running {
+    /// Wait until stopped (by [`Running::stop`], `POST /quitquitquit`, or the caller's own signal handling).
+    pub async fn wait(self) {
+        let _ = self.server.await;
+        for s in &self.sources {
+            s.abort();
+        }
+    }
+}
+
+/// Load the sources, bind, and serve in the background.
+pub async fn start(cfg: ControlConfig) -> Result<Running, Error> {
+    let publisher = Arc::new(Publisher::new(
+        cfg.mesh.as_ref().map(|p| p.display().to_string()),
+        cfg.plugins_dir.as_ref().map(|p| p.display().to_string()),
+    ));
+    let registry = Arc::new(Registry::new(Arc::new(Metrics::new())));
+    let mut sources = Vec::new();
+    if let Some(mesh) = &cfg.mesh {
+        sources.push(crate::ads::mesh::watch_mesh(
+            mesh.clone(),
+            publisher.clone(),
+            cfg.poll,
+        )?);
+    }
+    if let Some(dir) = &cfg.plugins_dir {
+        sources.push(crate::ads::plugin_dir::watch_dir(
+            dir.clone(),
+            publisher.clone(),
+            cfg.poll,
+        )?);
+    }
+    let stop = CancellationToken::new();
+    let status = Arc::new(Status {
+        publisher: publisher.clone(),
+        registry: registry.clone(),
+        log: cfg.log.clone(),
+        stop: stop.clone(),
+    });
+    let status_addr = match cfg.status {
+        Some(a) => Some(
+            weft_admin::serve(weft_admin::Server::Admin, a, status.clone(), stop.clone()).await?,
+        ),
+        None => None,
+    };
+    let metrics_addr = match cfg.metrics {
+        Some(a) => Some(
+            weft_admin::serve(weft_admin::Server::Metrics, a, status.clone(), stop.clone()).await?,
+        ),
+        None => None,
+    };
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|source| Error::Bind {
+            addr: cfg.listen,
+            source,
+        })?;
+    let addr = listener.local_addr().unwrap_or(cfg.listen);
+    let ads = Ads {
+        publisher: publisher.clone(),
+        registry: registry.clone(),
+        auth: cfg.auth,
+        node_accounts: cfg.node_accounts,
+    };
+    let grpc = AggregatedDiscoveryServiceServer::new(ads)
+        .max_decoding_message_size(16 << 20)
+        .max_encoding_message_size(64 << 20);
+    let stopped = stop.clone();
+    let server = tokio::spawn(crate::auth::serve(
+        listener,
+        cfg.tls,
+        grpc,
+        async move { stopped.cancelled().await },
+    ));
+    tracing::info!(
+        %addr,
+        status = ?status_addr,
+        metrics = ?metrics_addr,
+        mesh = ?cfg.mesh,
+        plugins = ?cfg.plugins_dir,
+        "weft control serving Delta ADS"
+    );
+    Ok(Running {
+        addr,
+        status_addr,
+        metrics_addr,
+        publisher,
+        registry,
+        stop,
+        server,
+        sources,
+    })
+}

@@ -1,0 +1,170 @@
+//! The status endpoint (weft-admin's admin server, loopback only: `GET /status` or `/config_dump`), the metrics
+//! page (`/metrics`, `/stats/prometheus`) and `/logging`: every connected node with the version of each plugin it
+//! runs, its NACKs and their reasons, the rollbacks it reported; the sources and what they serve.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use weft_admin::AdminHandler;
+use weft_proto::type_url;
+
+use crate::ads::publish::Publisher;
+use crate::ads::registry::Registry;
+
+/// Change the log filter at run time.
+pub trait LogLevel: Send + Sync + std::fmt::Debug {
+    /// The current filter.
+    fn current(&self) -> String;
+    /// Replace it.
+    fn set(&self, filter: &str) -> Result<String, String>;
+}
+
+/// What the status and metrics servers show.
+#[derive(Debug)]
+pub struct Status {
+    /// What is served.
+    pub publisher: Arc<Publisher>,
+    /// Who is connected.
+    pub registry: Arc<Registry>,
+    /// The log filter, when it can be changed.
+    pub log: Option<Arc<dyn LogLevel>>,
+    /// Cancelled by `POST /quitquitquit`.
+    pub stop: tokio_util::sync::CancellationToken,
+}
+
+impl Status {
+    /// The status document.
+    pub fn document(&self) -> Value {
+        let snap = self.publisher.current();
+        let (mesh, plugins_src) = self.publisher.sources();
+        let plugins: serde_json::Map<String, Value> = snap
+            .plugins
+            .iter()
+            .map(|(name, p)| {
+                let running =
+                    self.registry
+                        .acked_count(type_url::EXTENSION_CONFIG, name, &p.current.version);
+                (
+                    name.clone(),
+                    json!({
+                        "version": p.current.version,
+                        "url": p.info.url,
+                        "sha256": p.info.sha256,
+                        "file": p.info.file,
+                        "nodes": p.nodes,
+                        "base": p.base.as_ref().map(|b| json!({
+                            "version": b.version,
+                            "sha256": p.base_info.as_ref().and_then(|i| i.sha256.clone()),
+                        })),
+                        "nodesRunningIt": running,
+                    }),
+                )
+            })
+            .collect();
+        let nodes: Vec<Value> = self
+            .registry
+            .nodes()
+            .into_iter()
+            .map(|n| {
+                let ecds = n.types.get(type_url::EXTENSION_CONFIG);
+                let runs: serde_json::Map<String, Value> = ecds
+                    .map(|t| {
+                        t.acked
+                            .iter()
+                            .map(|(name, version)| {
+                                let info = snap.plugin_info(name, version);
+                                let current = snap
+                                    .plugins
+                                    .get(name)
+                                    .is_some_and(|p| p.current.version == *version);
+                                (
+                                    name.clone(),
+                                    json!({
+                                        "version": version,
+                                        "sha256": info.and_then(|i| i.sha256.clone()),
+                                        "current": current,
+                                    }),
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let nacked: serde_json::Map<String, Value> = n
+                    .types
+                    .iter()
+                    .filter(|(_, t)| !t.nacked.is_empty())
+                    .map(|(ty, t)| (ty.clone(), json!(t.nacked)))
+                    .collect();
+                json!({
+                    "stream": n.stream,
+                    "id": n.id,
+                    "name": n.name,
+                    "cluster": n.cluster,
+                    "peer": n.peer.map(|p| p.to_string()),
+                    "caller": n.caller,
+                    "callerNode": n.caller_node,
+                    "connectedAt": n.connected_at,
+                    "plugins": runs,
+                    "nacked": nacked,
+                    "rollbacks": n.rollbacks,
+                    "types": n.types,
+                })
+            })
+            .collect();
+        json!({
+            "snapshotVersion": snap.version,
+            "sources": {"mesh": mesh, "plugins": plugins_src},
+            "resources": {
+                "addresses": snap.addresses.len(),
+                "authorizations": snap.authorizations.len(),
+                "plugins": snap.plugins.len(),
+            },
+            "plugins": plugins,
+            "connectedNodes": nodes.len(),
+            "nodes": nodes,
+        })
+    }
+}
+
+impl AdminHandler for Status {
+    fn config_dump(&self) -> Value {
+        self.document()
+    }
+
+    fn readiness(&self) -> Result<(), Vec<String>> {
+        Ok(())
+    }
+
+    fn log_level(&self) -> String {
+        self.log
+            .as_ref()
+            .map_or_else(|| "unknown".into(), |l| l.current())
+    }
+
+    fn set_log_level(&self, level: &str) -> Result<String, String> {
+        match &self.log {
+            Some(l) => l.set(level),
+            None => Err("the log filter cannot be changed in this process".into()),
+        }
+    }
+
+    fn metrics(&self) -> String {
+        let m = self.registry.metrics();
+        let snap = self.publisher.current();
+        m.snapshot_version
+            .set(i64::try_from(snap.version).unwrap_or(i64::MAX));
+        let (mesh, plugins) = self.publisher.sources();
+        for (name, st) in [("mesh", mesh), ("plugins", plugins)] {
+            m.source_refused
+                .get_or_create(&crate::ads::metrics::SourceLabel {
+                    source: name.into(),
+                })
+                .set(i64::try_from(st.refused).unwrap_or(i64::MAX));
+        }
+        m.encode()
+    }
+
+    fn quit(&self) {
+        self.stop.cancel();
+    }
+}
