@@ -5,12 +5,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::auth::Authenticator;
 use anyhow::Context as _;
 use clap::Parser;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{EnvFilter, reload};
-use crate::auth::Authenticator;
 use weft_identity::{KubeClient, LocalCa};
 
 use crate::ads::server::ControlConfig;

@@ -23,5 +23,5 @@ pub mod service;
 pub mod status;
 pub mod stream;
 
-pub use service::NodeAccount;
 pub use server::{ControlConfig, Error, Running, start};
+pub use service::NodeAccount;

@@ -1,7 +1,7 @@
 //! `WeftPlugin` files: a YAML resource modelled on Istio's `WasmPlugin` (extensions.istio.io/v1alpha1), one or more
-//! documents a file, and their conversion into the ECDS resource a node receives (an
-//! `envoy.config.core.v3.TypedExtensionConfig` named after the plugin whose `typed_config` is a
-//! `weft.plugin.v1.WeftPlugin`, built as istiod builds a WasmPlugin's Wasm `PluginConfig`).
+//! documents a file, and their conversion into weft-state's plugin model, which `weft_state::xds::encode::plugin`
+//! turns into the ECDS resource a node receives (an `envoy.config.core.v3.TypedExtensionConfig` named after the
+//! plugin whose `typed_config` is a `weft.plugin.v1.WeftPlugin`, built as istiod builds a WasmPlugin's).
 //!
 //! ```yaml
 //! apiVersion: weft.dev/v1alpha1
@@ -32,11 +32,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 use sha2::{Digest, Sha256};
-use weft_proto::envoy::config::core::v3 as core;
-use weft_proto::envoy::extensions::wasm::v3 as wasm;
 use weft_proto::type_url;
-use weft_proto::weft::plugin::v1 as pb;
-use weft_state::ConfigError;
+use weft_state::xds::encode::plugin::extension_config;
+use weft_state::xds::plugin::{Code, PluginResource, RemoteCode};
+use weft_state::{
+    ConfigError, FailurePolicy, PluginDirections, PluginKind, PluginRollout, WorkloadSelector,
+};
 
 use crate::ads::resources::{NodeSelector, PluginEntry, PluginInfo, Resource};
 
@@ -416,13 +417,7 @@ impl ParsedPlugin {
                         ),
                     ));
                 }
-                let local = core::DataSource {
-                    specifier: Some(core::data_source::Specifier::InlineBytes(bytes)),
-                };
-                (
-                    core::async_data_source::Specifier::Local(local),
-                    Some(actual),
-                )
+                (Code::Inline(std::sync::Arc::new(bytes)), Some(actual))
             }
             CodeUrl::Remote(url) => {
                 if url.starts_with("https://") && s.sha256.is_none() {
@@ -433,95 +428,94 @@ impl ParsedPlugin {
                             .into(),
                     ));
                 }
-                let remote = core::RemoteDataSource {
-                    http_uri: Some(core::HttpUri {
-                        uri: url.clone(),
-                        // As istiod: the node fetches the code itself, no Envoy cluster is involved.
-                        http_upstream_type: Some(core::http_uri::HttpUpstreamType::Cluster(
-                            "_".into(),
-                        )),
-                        timeout: Some(prost_types::Duration {
-                            seconds: 30,
-                            nanos: 0,
-                        }),
-                    }),
-                    sha256: s.sha256.as_ref().map(|h| h.0.clone()).unwrap_or_default(),
-                    retry_policy: None,
+                let remote = RemoteCode {
+                    uri: url.clone(),
+                    timeout: Some(Duration::from_secs(30)),
+                    retries: None,
+                    backoff: None,
+                    pull_secret: None,
                 };
-                (
-                    core::async_data_source::Specifier::Remote(remote),
-                    s.sha256.as_ref().map(|h| h.0.clone()),
-                )
+                (Code::Remote(remote), s.sha256.as_ref().map(|h| h.0.clone()))
             }
         };
-        let configuration = s
-            .plugin_config
-            .as_ref()
-            .map(|v| weft_proto::to_any(type_url::STRING_VALUE, &v.to_string()));
-        let failure_policy = match s.fail_strategy {
-            None => wasm::FailurePolicy::Unspecified,
-            Some(FailStrategy::Close) => wasm::FailurePolicy::FailClosed,
-            Some(FailStrategy::Open) => wasm::FailurePolicy::FailOpen,
+        let directions = match &s.directions {
+            None => PluginDirections::default(),
+            Some(d) if d.is_empty() => {
+                return Err(invalid(
+                    "directions",
+                    "spec.directions: empty (leave it unset for inbound only)".into(),
+                ));
+            }
+            Some(d) => PluginDirections {
+                inbound: d.contains(&DirectionWire::Inbound),
+                outbound: d.contains(&DirectionWire::Outbound),
+            },
         };
-        let config = wasm::PluginConfig {
-            name: self.name.clone(),
-            root_id: s.plugin_name,
-            vm: Some(wasm::plugin_config::Vm::VmConfig(wasm::VmConfig {
-                code: Some(core::AsyncDataSource {
-                    specifier: Some(code),
-                }),
-                ..Default::default()
-            })),
-            configuration,
-            fail_open: matches!(s.fail_strategy, Some(FailStrategy::Open)),
-            failure_policy: failure_policy as i32,
+        // `nodes` alone is the server's business: the staged version and the promoted one are the same resource,
+        // so a promotion sends nothing to the nodes that already run it.
+        let rollout = match s.rollout.as_ref().filter(|r| {
+            r.window.is_some()
+                || r.max_failure_ratio.is_some()
+                || r.min_calls.is_some()
+                || r.disabled
+        }) {
+            None => None,
+            Some(r) => Some(PluginRollout {
+                window: match (r.window, r.disabled) {
+                    (Some(w), _) => w.0,
+                    (None, true) => Duration::ZERO,
+                    (None, false) => {
+                        return Err(invalid(
+                            "rollout",
+                            "spec.rollout.window: required unless disabled is set".into(),
+                        ));
+                    }
+                },
+                max_failure_ppm: PluginRollout::ppm(r.max_failure_ratio.map_or(0.0, |x| x.0)),
+                min_calls: r.min_calls.unwrap_or(0).max(1),
+                disabled: r.disabled,
+            }),
         };
         let nodes = s
             .rollout
             .as_ref()
             .and_then(|r| r.nodes.clone())
             .map(NodeSelector);
-        let plugin = pb::WeftPlugin {
-            config: Some(config),
-            kind: match s.kind {
-                None => pb::Kind::Unspecified,
-                Some(KindWire::Policy) => pb::Kind::Policy,
-                Some(KindWire::Telemetry) => pb::Kind::Telemetry,
-            } as i32,
-            priority: s.priority,
-            selector: s.selector.map(|sel| pb::WorkloadSelector {
-                namespaces: sel.namespaces,
-                workloads: sel.workloads,
-            }),
-            directions: s.directions.map(|d| pb::Directions {
-                inbound: d.contains(&DirectionWire::Inbound),
-                outbound: d.contains(&DirectionWire::Outbound),
-            }),
-            // `nodes` alone is the server's business: the staged version and the promoted one are the same
-            // resource, so a promotion sends nothing to the nodes that already run it.
-            rollout: s
-                .rollout
-                .filter(|r| {
-                    r.window.is_some()
-                        || r.max_failure_ratio.is_some()
-                        || r.min_calls.is_some()
-                        || r.disabled
-                })
-                .map(|r| pb::Rollout {
-                    window: r.window.map(|w| prost_types::Duration {
-                        seconds: i64::try_from(w.0.as_secs()).unwrap_or(i64::MAX),
-                        nanos: i32::try_from(w.0.subsec_nanos()).unwrap_or(0),
-                    }),
-                    max_failure_ratio: r.max_failure_ratio.map_or(0.0, |x| x.0),
-                    min_calls: r.min_calls.unwrap_or(0),
-                    disabled: r.disabled,
-                }),
-            recheck: s.recheck,
-        };
-        let ecds = core::TypedExtensionConfig {
+        // The model a node will decode; its wire form is weft-state's encoder (the round trip is tested there).
+        let model = PluginResource {
             name: self.name.clone(),
-            typed_config: Some(weft_proto::to_any(type_url::WEFT_PLUGIN, &plugin)),
+            root_id: s.plugin_name,
+            sha256: match &code {
+                Code::Inline(_) => None,
+                Code::Remote(_) => sha256.clone(),
+            },
+            code,
+            config: s
+                .plugin_config
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default(),
+            failure_policy: match s.fail_strategy {
+                Some(FailStrategy::Open) => FailurePolicy::FailOpen,
+                None | Some(FailStrategy::Close) => FailurePolicy::FailClosed,
+            },
+            kind: s.kind.map(|k| match k {
+                KindWire::Policy => PluginKind::Policy,
+                KindWire::Telemetry => PluginKind::Telemetry,
+            }),
+            priority: s.priority,
+            selector: s
+                .selector
+                .map(|sel| WorkloadSelector {
+                    namespaces: sel.namespaces,
+                    workloads: sel.workloads,
+                })
+                .unwrap_or_default(),
+            directions,
+            recheck: s.recheck.unwrap_or(true),
+            rollout,
         };
+        let ecds = extension_config(&model);
         let resource = Resource::new(
             self.name.clone(),
             weft_proto::to_any(type_url::EXTENSION_CONFIG, &ecds),
@@ -537,5 +531,73 @@ impl ParsedPlugin {
             base: None,
             base_info: None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code: a panic fails the test
+
+    use super::*;
+
+    fn entry(spec: &str) -> Result<PluginEntry, ConfigError> {
+        let text = format!(
+            "apiVersion: weft.dev/v1alpha1\nkind: WeftPlugin\nmetadata:\n  name: p\nspec:\n  \
+             url: oci://registry.example/p:v1\n{spec}"
+        );
+        let file = Path::new("p.yaml");
+        let mut parsed = parse_file(&text, file).unwrap();
+        parsed.remove(0).into_entry(&text, Path::new("."))
+    }
+
+    /// What the node will decode from the served resource.
+    fn served(e: &PluginEntry) -> PluginResource {
+        weft_state::xds::plugin::decode_resource_with("p", &e.current.body, &|_| Ok(())).unwrap()
+    }
+
+    #[test]
+    fn a_file_becomes_the_model_the_node_decodes() {
+        let e = entry(
+            "  pluginName: root\n  pluginConfig: {ports: [8080]}\n  failStrategy: FAIL_OPEN\n  kind: policy\n  \
+             priority: 3\n  directions: [outbound]\n  recheck: false\n  rollout: {window: 10s, maxFailureRatio: 0.5}\n",
+        )
+        .unwrap();
+        let r = served(&e);
+        assert_eq!(r.root_id, "root");
+        assert_eq!(r.config, r#"{"ports":[8080]}"#);
+        assert_eq!(r.failure_policy, FailurePolicy::FailOpen);
+        assert_eq!(r.kind, Some(PluginKind::Policy));
+        assert_eq!((r.priority, r.recheck), (3, false));
+        assert!(!r.directions.inbound && r.directions.outbound);
+        let ro = r.rollout.unwrap();
+        assert_eq!(
+            (ro.window, ro.max_failure_ppm, ro.min_calls),
+            (Duration::from_secs(10), 500_000, 1)
+        );
+        let Code::Remote(rc) = r.code else {
+            panic!("remote code expected")
+        };
+        assert_eq!(rc.uri, "oci://registry.example/p:v1");
+        assert_eq!(rc.timeout, Some(Duration::from_secs(30)));
+    }
+
+    #[test]
+    fn what_no_node_could_take_is_refused_here_naming_the_field() {
+        let e = entry("  directions: []\n").err().unwrap().to_string();
+        assert!(e.contains("spec.directions: empty"), "{e}");
+        let e = entry("  rollout: {minCalls: 5}\n")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("spec.rollout.window: required unless disabled"),
+            "{e}"
+        );
+        // `nodes` alone stages the version without probation settings: nothing for the node.
+        assert!(
+            served(&entry("  rollout: {nodes: [a]}\n").unwrap())
+                .rollout
+                .is_none()
+        );
     }
 }

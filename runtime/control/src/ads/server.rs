@@ -6,14 +6,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
 use crate::auth::Authenticator;
+use tokio_util::sync::CancellationToken;
 use weft_proto::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
 
-use crate::ads::service::Ads;
 use crate::ads::metrics::Metrics;
 use crate::ads::publish::Publisher;
 use crate::ads::registry::Registry;
+use crate::ads::service::Ads;
 use crate::ads::status::{LogLevel, Status};
 
 /// Why weft control could not start.
@@ -148,12 +148,9 @@ pub async fn start(cfg: ControlConfig) -> Result<Running, Error> {
         .max_decoding_message_size(16 << 20)
         .max_encoding_message_size(64 << 20);
     let stopped = stop.clone();
-    let server = tokio::spawn(crate::auth::serve(
-        listener,
-        cfg.tls,
-        grpc,
-        async move { stopped.cancelled().await },
-    ));
+    let server = tokio::spawn(crate::auth::serve(listener, cfg.tls, grpc, async move {
+        stopped.cancelled().await
+    }));
     tracing::info!(
         %addr,
         status = ?status_addr,

@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
+use crate::auth::{AuthError, Authenticator, PeerAddr};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument as _;
-use crate::auth::{AuthError, Authenticator, PeerAddr};
 use weft_proto::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryService;
 use weft_proto::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
 

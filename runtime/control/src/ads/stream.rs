@@ -9,10 +9,10 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use crate::auth::Caller;
 use prost::Message as _;
 use tokio::sync::{mpsc, watch};
 use tonic::{Status, Streaming};
-use crate::auth::Caller;
 use weft_proto::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
 use weft_proto::weft::plugin::v1::RollbackReport;
 use weft_xds::server::{Answer, DeltaStream, Push, SubscriptionChange};

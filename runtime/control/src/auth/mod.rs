@@ -2,10 +2,10 @@
 //! callers ([`token`]), the TLS serving config ([`tls`]), and the accept loop that runs a tonic service over TLS and
 //! HTTP/2 ([`serve`]), one task and one tracing span per connection.
 
-pub mod token;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod tls;
+pub mod token;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -17,10 +17,10 @@ use tokio::net::TcpListener;
 use tonic::codegen::Service;
 use tracing::Instrument as _;
 
+pub use tls::{TlsError, server_tls_from_ca, server_tls_from_pem};
 pub use token::{
     AuthError, Authenticator, Caller, StaticToken, StaticTokens, bearer_token, request_bearer,
 };
-pub use tls::{TlsError, server_tls_from_ca, server_tls_from_pem};
 
 /// The TCP peer of a gRPC call, put in each request's extensions by [`serve`] (`req.extensions().get::<PeerAddr>()`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,9 +15,9 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use weft_proto::istio_ca::istio_certificate_service_server::IstioCertificateServiceServer;
 
+pub use crate::auth::{AuthError, Authenticator, Caller};
 pub use node_accounts::{NodeAccount, NodeAccountError, TrustedNodeAccounts};
 pub use service::{CaCounters, CaService, Fault};
-pub use crate::auth::{AuthError, Authenticator, Caller};
 
 /// Errors starting the CA server.
 #[derive(Debug, thiserror::Error)]

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use weft_control::ca::{Authenticator, CaService, Fault, TrustedNodeAccounts};
 pub use weft_control::auth::testing::{FakeKubeApi, FakeToken};
+use weft_control::ca::{Authenticator, CaService, Fault, TrustedNodeAccounts};
 use weft_identity::{CertRequest, IstioCaClient, IstioCaConfig, LocalCa, SpiffeId};
 use weft_state::StateStore;
 

@@ -12,7 +12,8 @@ use weft_fetch::Fetcher;
 use weft_plugin_host::{Outcome, PluginHost};
 use weft_state::PluginSpec;
 
-use crate::convert::{Code, PluginResource, decode_resource};
+use crate::convert::{decode_resource, fetch_request};
+use weft_state::xds::plugin::{Code, PluginResource};
 
 /// Where accepted plugin specs go: the node's state (as a source of its own). `put` applies the removals and the
 /// upserts and returns the state version that carries them.
@@ -96,9 +97,8 @@ impl EcdsHandler {
                 (b.clone(), sha)
             }
             Code::Remote(_) => {
-                let req = res
-                    .fetch_request()
-                    .ok_or_else(|| refused(&r.name, "no fetch request"))?;
+                let req =
+                    fetch_request(&res).ok_or_else(|| refused(&r.name, "no fetch request"))?;
                 let f = self
                     .fetcher
                     .fetch(&req)

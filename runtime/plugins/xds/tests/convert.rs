@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use weft_plugin_xds::{Code, decode_resource};
+use weft_plugin_xds::{Code, decode_resource, fetch_request};
 use weft_proto::envoy::config::core::v3 as core;
 use weft_proto::envoy::extensions::filters::network::wasm::v3::Wasm;
 use weft_proto::envoy::extensions::wasm::v3::{self as wasm, plugin_config::Vm};
@@ -155,7 +155,7 @@ fn a_weft_plugin_carries_everything() {
             disabled: false
         })
     );
-    let req = r.fetch_request().unwrap();
+    let req = fetch_request(&r).unwrap();
     assert_eq!(req.uri, "oci://registry.local:5000/weft/authz:v1");
     assert_eq!(
         (req.timeout, req.retries),

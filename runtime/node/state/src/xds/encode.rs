@@ -1,7 +1,7 @@
 //! The model → Istio's xDS messages (`istio.workload.Address`, `istio.security.Authorization`), the way istiod builds
 //! them for ztunnel (a workload is named by its uid, a service by `namespace/hostname`, a policy by
 //! `namespace/name`): what weft-control serves. The reverse, what a node reads, is the rest of this module; the round
-//! trip is tested in `tests/xds_roundtrip.rs`.
+//! trip is tested in `tests/xds_roundtrip.rs`. Plugins as ECDS extension configs: [`plugin`].
 
 use std::net::IpAddr;
 
@@ -13,6 +13,8 @@ use crate::{
 use ipnet::IpNet;
 use weft_proto::istio::security as sec;
 use weft_proto::istio::workload as wl;
+
+pub mod plugin;
 
 fn ip_bytes(ip: &IpAddr) -> Vec<u8> {
     match ip {

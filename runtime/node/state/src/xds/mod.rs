@@ -1,5 +1,5 @@
-//! Istio's xDS resources (`istio.workload.Address`, `istio.security.Authorization`) converted into weft's model, and
-//! back ([`encode`]),
+//! Istio's xDS resources (`istio.workload.Address`, `istio.security.Authorization`) and plugins as ECDS extension
+//! configs ([`plugin`]) converted into weft's model, and back ([`encode`]),
 //! with the checks the local file applies (`crate::validate`): a resource that fails one is refused with the proto
 //! field path and the reason (the xDS client NACKs it), and everything else in the response applies.
 //!
@@ -10,6 +10,7 @@
 mod authorization;
 pub mod encode;
 mod gateway;
+pub mod plugin;
 mod service;
 mod workload;
 
