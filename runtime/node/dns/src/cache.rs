@@ -5,49 +5,12 @@
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::{DNSClass, RData, Record, RecordType};
 
-/// A monotonic clock.
-pub trait Clock: Send + Sync + Debug {
-    /// Time since some fixed point.
-    fn now(&self) -> Duration;
-}
-
-/// The system's monotonic clock.
-#[derive(Debug)]
-pub struct SystemClock(Instant);
-
-impl Default for SystemClock {
-    fn default() -> Self {
-        Self(Instant::now())
-    }
-}
-
-impl Clock for SystemClock {
-    fn now(&self) -> Duration {
-        self.0.elapsed()
-    }
-}
-
-/// A clock that only moves when told to (tests).
-#[derive(Debug, Default)]
-pub struct ManualClock(Mutex<Duration>);
-
-impl ManualClock {
-    /// Move the clock forward.
-    pub fn advance(&self, by: Duration) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) += by;
-    }
-}
-
-impl Clock for ManualClock {
-    fn now(&self) -> Duration {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
+pub use weft_hooks::clock::{Clock, ManualClock, SystemClock};
 
 /// An upstream answer: its code and sections (the OPT record excluded).
 #[derive(Debug, Clone, PartialEq)]

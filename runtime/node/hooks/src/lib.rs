@@ -5,6 +5,8 @@
 //! (`weft-proxy`) never links the Wasm runtime: the proxy calls [`ConnectionHooks`], the plugin host implements
 //! it, and the binary wires the two together.
 
+pub mod clock;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
