@@ -7,6 +7,7 @@
 //! to the metrics page of the metrics server started with the same handler.
 
 mod limits;
+pub mod process;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

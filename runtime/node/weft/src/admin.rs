@@ -107,7 +107,7 @@ impl Telemetry {
             identity: identity.clone(),
         }));
         registry.register_collector(Box::new(crate::xds::XdsCollector(xds.to_vec())));
-        registry.register_collector(Box::new(ZtunnelCollector {
+        registry.register_collector(Box::new(weft_admin::process::ProcessCollector {
             istio_version: std::env::var("ISTIO_META_ISTIO_VERSION")
                 .ok()
                 .filter(|v| !v.is_empty())
@@ -240,62 +240,6 @@ impl AdminHandler for Node {
     }
 }
 
-/// ztunnel's process-wide metrics under its names and labels (Istio's ztunnel dashboard reads them):
-/// `istio_build{component="ztunnel",tag}` (1; `tag` is the Istio release weft stands in for, as ztunnel's is the
-/// Istio version: `ISTIO_META_ISTIO_VERSION`, else [`crate::xds::ISTIO_VERSION`]), and `process_open_fds` /
-/// `process_max_fds` (the process's open descriptors and their soft limit).
-#[derive(Debug)]
-pub struct ZtunnelCollector {
-    pub istio_version: String,
-}
-
-impl Collector for ZtunnelCollector {
-    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let mut family = enc.encode_descriptor(
-            "istio_build",
-            "Istio component build info",
-            None,
-            MetricType::Gauge,
-        )?;
-        let labels = [
-            ("component", "ztunnel"),
-            ("tag", self.istio_version.as_str()),
-        ];
-        ConstGauge::new(1i64).encode(family.encode_family(&labels)?)?;
-        // The directory's own descriptor is not counted (as ztunnel does).
-        if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
-            let open = i64::try_from(dir.count()).unwrap_or(i64::MAX) - 1;
-            let m = enc.encode_descriptor(
-                "process_open_fds",
-                "Number of open file descriptors",
-                None,
-                MetricType::Gauge,
-            )?;
-            ConstGauge::new(open).encode(m)?;
-        }
-        let max = std::fs::read_to_string("/proc/self/limits")
-            .ok()
-            .and_then(|l| {
-                l.lines()
-                    .find(|l| l.starts_with("Max open files"))?
-                    .split_whitespace()
-                    .nth(3)?
-                    .parse::<i64>()
-                    .ok()
-            });
-        if let Some(max) = max {
-            let m = enc.encode_descriptor(
-                "process_max_fds",
-                "Maximum number of open file descriptors",
-                None,
-                MetricType::Gauge,
-            )?;
-            ConstGauge::new(max).encode(m)?;
-        }
-        Ok(())
-    }
-}
-
 /// Exposes counters that live in other crates (config reloads, CA calls, certificate expiry).
 #[derive(Debug)]
 pub struct NodeCollector {
@@ -379,33 +323,5 @@ impl Collector for NodeCollector {
         )?;
         ConstGauge::new(i64::try_from(self.state.version()).unwrap_or(i64::MAX)).encode(m)?;
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ztunnel_collector_has_istio_build_and_process_fds() {
-        let mut reg = Registry::default();
-        reg.register_collector(Box::new(ZtunnelCollector {
-            istio_version: "1.32.0".into(),
-        }));
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
-        assert!(text.contains("# TYPE istio_build gauge"), "{text}");
-        assert!(
-            text.contains("istio_build{component=\"ztunnel\",tag=\"1.32.0\"} 1"),
-            "{text}"
-        );
-        let open: i64 = text
-            .lines()
-            .find_map(|l| l.strip_prefix("process_open_fds "))
-            .expect("process_open_fds")
-            .parse()
-            .unwrap();
-        assert!(open > 2, "{text}");
-        assert!(text.contains("# TYPE process_max_fds gauge"), "{text}");
     }
 }
