@@ -435,7 +435,7 @@ async fn check_case(mesh: &NetMesh, case: &Case, route: Route) -> (String, Vec<S
             l["src.addr"], l["dst.addr"], case.src, case.dst
         ));
     }
-    if l["src.identity"] != case.identity.as_deref().unwrap_or("") || l["direction"] != "inbound" {
+    if l["src.identity"].as_str() != case.identity.as_deref() || l["direction"] != "inbound" {
         problems.push(format!("node B's log line: {l}"));
     }
     let error = l["error"].as_str().unwrap_or_default();

@@ -119,8 +119,8 @@ async fn a_service_on_another_network_is_reached_by_hbone_inside_hbone() {
             gateway_ip(a).to_string(),
             "{l}"
         );
-        assert_eq!(
-            l["src.workload"], "",
+        assert!(
+            l.get("src.workload").is_none(),
             "a source on another network is not looked up: {l}"
         );
         assert_eq!(

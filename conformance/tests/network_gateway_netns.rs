@@ -196,8 +196,8 @@ async fn a_client_on_net1_reaches_a_service_on_net2_only_through_the_gateway() {
             n.gateway_net2().to_string(),
             "node B is reached from the gateway's net2 address: {l}"
         );
-        assert_eq!(
-            l["src.workload"], "",
+        assert!(
+            l.get("src.workload").is_none(),
             "a source on another network is not looked up: {l}"
         );
         assert_eq!(

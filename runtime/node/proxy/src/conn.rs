@@ -236,81 +236,101 @@ impl Inner {
     }
 }
 
+/// The connection's access log line, written as ztunnel writes its own (`src/proxy/metrics.rs`, `access_log!` in
+/// `ConnectionResult::record_internal`, github.com/istio/ztunnel at 62d826530e5ce85764e309170205b293efcbc80b):
+/// target `access`, no parent span, "connection complete"; ztunnel's field names, addresses as text, byte counts
+/// as numbers, `duration` as whole milliseconds with the unit (`12ms`); a field weft does not know is left out;
+/// identities only for a connection over mutual TLS (as ztunnel filters them); error level when the connection
+/// failed, was denied or ended on an error, info otherwise. weft adds `conn` and, inbound, `forwarded_for`.
 fn access_log(record: &ConnectionRecord, via: Via, close: &CloseRecord) {
-    if !tracing::enabled!(target: "access", tracing::Level::INFO) {
+    if !tracing::enabled!(target: "access", tracing::Level::ERROR) {
         return;
     }
-    let (sw, sn) = record
-        .src_workload
-        .as_ref()
-        .map(|w| (w.name.as_str(), w.namespace.as_str()))
-        .unwrap_or(("", ""));
-    let (dw, dn) = record
-        .dst_workload
-        .as_ref()
-        .map(|w| (w.name.as_str(), w.namespace.as_str()))
-        .unwrap_or(("", ""));
-    // Outbound: the source identity is ours; inbound: the verified peer identity.
-    let src_identity = record.peer_identity.as_deref().unwrap_or("");
+    let src = record.src_workload.as_deref();
+    let dst = record.dst_workload.as_deref();
+    let (src_workload, src_namespace, src_cluster) = workload_fields(src);
+    let (dst_workload, dst_namespace, dst_cluster) = workload_fields(dst);
+    // Outbound: the source identity is ours; inbound: the verified peer identity. Only over mutual TLS.
+    let src_identity = record.peer_identity.as_deref().filter(|_| record.hbone);
+    let dst_identity = dst
+        .filter(|_| record.hbone)
+        .map(|w| tracing::field::display(DstIdentity(w)));
     let direction = match record.direction {
         Direction::Outbound => "outbound",
         Direction::Inbound => "inbound",
     };
+    let error = close.error.as_deref();
     // Every field is borrowed or written straight into the line: nothing is allocated for it.
-    tracing::info!(
-        target: "access",
-        conn = record.id,
-        src.addr = %record.src,
-        src.workload = sw,
-        src.namespace = sn,
-        src.identity = src_identity,
-        dst.addr = %record.dst,
-        dst.hbone_addr = %OrEmpty(via.hbone_addr),
-        forwarded_for = %OrEmpty(via.forwarded_for),
-        dst.service = record.dst_service.as_deref().unwrap_or(""),
-        dst.workload = dw,
-        dst.namespace = dn,
-        dst.identity = %DstIdentity(record.dst_workload.as_deref()),
-        direction,
-        bytes_sent = close.bytes_sent,
-        bytes_recv = close.bytes_received,
-        duration = %Millis(close.duration),
-        error = close.error.as_deref().unwrap_or(""),
-        "connection complete"
-    );
+    macro_rules! access {
+        ($level:expr) => {
+            tracing::event!(
+                target: "access",
+                parent: None,
+                $level,
+                conn = record.id,
+                src.addr = %record.src,
+                src.workload = src_workload,
+                src.namespace = src_namespace,
+                src.identity = src_identity,
+                src.cluster = src_cluster,
+                dst.addr = %record.dst,
+                dst.hbone_addr = via.hbone_addr.map(tracing::field::display),
+                forwarded_for = via.forwarded_for.map(tracing::field::display),
+                dst.service = record.dst_service.as_deref(),
+                dst.workload = dst_workload,
+                dst.namespace = dst_namespace,
+                dst.identity = dst_identity,
+                dst.cluster = dst_cluster,
+                direction,
+                bytes_sent = close.bytes_sent,
+                bytes_recv = close.bytes_received,
+                duration = %Millis(close.duration),
+                error,
+                "connection complete"
+            )
+        };
+    }
+    if error.is_some() {
+        access!(tracing::Level::ERROR);
+    } else {
+        access!(tracing::Level::INFO);
+    }
 }
 
-/// An optional value written as itself, or as nothing when absent (access log fields).
-struct OrEmpty<T>(Option<T>);
-
-impl<T: std::fmt::Display> std::fmt::Display for OrEmpty<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.0 {
-            Some(v) => v.fmt(f),
-            None => Ok(()),
-        }
+/// A known workload's name, namespace and cluster (left out when empty) for the access log.
+fn workload_fields(
+    w: Option<&weft_hooks::WorkloadMeta>,
+) -> (Option<&str>, Option<&str>, Option<&str>) {
+    match w {
+        Some(w) => (
+            Some(w.name.as_str()),
+            Some(w.namespace.as_str()),
+            Some(w.cluster_id.as_str()).filter(|c| !c.is_empty()),
+        ),
+        None => (None, None, None),
     }
 }
 
 /// The destination workload's SPIFFE identity: the one the state formed, or formed here for metadata built
-/// without it; nothing when the destination is not a known workload.
-struct DstIdentity<'a>(Option<&'a weft_hooks::WorkloadMeta>);
+/// without it.
+struct DstIdentity<'a>(&'a weft_hooks::WorkloadMeta);
 
 impl std::fmt::Display for DstIdentity<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0 {
-            Some(w) if !w.identity.is_empty() => f.write_str(&w.identity),
-            Some(w) => write!(
+        let w = self.0;
+        if w.identity.is_empty() {
+            write!(
                 f,
                 "spiffe://{}/ns/{}/sa/{}",
                 w.trust_domain, w.namespace, w.service_account
-            ),
-            None => Ok(()),
+            )
+        } else {
+            f.write_str(&w.identity)
         }
     }
 }
 
-/// A duration in whole milliseconds, with its unit (`12ms`).
+/// A duration in whole milliseconds, with its unit (`12ms`), as ztunnel writes `duration`.
 struct Millis(std::time::Duration);
 
 impl std::fmt::Display for Millis {
