@@ -258,3 +258,82 @@ services:
     );
     assert_eq!(inner[0].peer.ip(), IpAddr::V4(gateway_ip(a)));
 }
+
+/// One HBONE CONNECT to node B's echo workload from the client's address, with the client's certificate and
+/// `x-forwarded-network: <network>`, relaying `payload` back and forth.
+async fn connect_from_network(mesh: &Mesh, network: &str, payload: &[u8]) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let a = mesh.addrs;
+    let ca = weft_identity::LocalCa::from_dir(&mesh.ca_dir()).unwrap();
+    let certs = weft_identity::SecretManager::new(
+        std::sync::Arc::new(ca),
+        weft_identity::ManagerConfig::default(),
+    );
+    let client_id: SpiffeId = "spiffe://cluster.local/ns/default/sa/client"
+        .parse()
+        .unwrap();
+    let cert = certs.fetch(&client_id).await.unwrap();
+    let hbone = SocketAddr::from((a.echo(), 15008));
+    let echo_id: SpiffeId = "spiffe://cluster.local/ns/default/sa/echo".parse().unwrap();
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(SocketAddr::new(IpAddr::V4(a.client()), 0))
+        .unwrap();
+    let tcp = sock.connect(hbone).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(cert.client_config(vec![echo_id]).unwrap())
+        .connect(
+            rustls::pki_types::ServerName::IpAddress(hbone.ip().into()),
+            tcp,
+        )
+        .await
+        .unwrap();
+    let c = weft_hbone::handshake(tls, &weft_hbone::H2Config::default())
+        .await
+        .unwrap();
+    let mut headers = http::HeaderMap::new();
+    headers.insert(
+        "x-forwarded-network",
+        http::HeaderValue::from_str(network).unwrap(),
+    );
+    let req = weft_hbone::ConnectRequest {
+        authority: format!("{}:8080", a.echo()),
+        headers,
+        early_data: Default::default(),
+    };
+    let (mut s, _) = c.connect(req).await.unwrap();
+    s.write_all(payload).await.unwrap();
+    let mut back = vec![0; payload.len()];
+    s.read_exact(&mut back).await.unwrap();
+    assert_eq!(back, payload);
+    s.shutdown().await.unwrap();
+}
+
+/// The node's own network is `--network` (ztunnel's `NETWORK`), as ztunnel takes it (`src/proxy/inbound.rs`
+/// `from_gateway`, github.com/istio/ztunnel at 62d826530e5ce85764e309170205b293efcbc80b): a tunnel whose
+/// `x-forwarded-network` names it is from this network, so its source workload is looked up; one naming another
+/// network came through that network's gateway, and its source is not looked up. The workloads name no network.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_nodes_network_tells_a_tunnel_from_another_network() {
+    let a = Addrs { n: 94 };
+    let text = weft_conformance::mesh_yaml(a, "echo");
+    let mesh = Mesh::start_with(a, &text, &text, |o| {
+        o.extra.extend(["--network".into(), "net-b".into()]);
+    })
+    .await
+    .unwrap();
+    for (network, payload) in [("net-b", &b"same network"[..]), ("net-a", &b"other"[..])] {
+        connect_from_network(&mesh, network, payload).await;
+        let l = eventually(Duration::from_secs(30), "node B's access line", || async {
+            mesh.b
+                .access_logs()
+                .into_iter()
+                .find(|l| l["bytes_sent"] == payload.len())
+        })
+        .await;
+        assert_eq!(l["direction"], "inbound", "{l}");
+        if network == "net-b" {
+            assert_eq!(l["src.workload"], "client", "from this node's network: {l}");
+        } else {
+            assert!(l.get("src.workload").is_none(), "from another network: {l}");
+        }
+    }
+}

@@ -54,6 +54,10 @@ pub struct ProxyConfig {
     pub node: String,
     /// Cluster id (baggage `k8s.cluster.name`).
     pub cluster_id: String,
+    /// This node's network (ztunnel's `NETWORK`): an inbound tunnel whose `x-forwarded-network` names another came
+    /// through that network's gateway; an outbound tunnel through a network gateway says it comes from here.
+    /// Empty: the local workload's own network stands in for it.
+    pub network: String,
     /// Outbound capture listener (iptables REDIRECT target), `None` to disable.
     pub outbound_addr: Option<SocketAddr>,
     /// SOCKS5 listener, `None` to disable.
@@ -115,6 +119,7 @@ impl ProxyConfig {
         Self {
             node: node.into(),
             cluster_id: "Kubernetes".into(),
+            network: String::new(),
             outbound_addr: Some(SocketAddr::from(([0, 0, 0, 0], 15001))),
             socks5_addr: Some(SocketAddr::from(([127, 0, 0, 1], 15080))),
             inbound_plaintext_addr: Some(SocketAddr::from(([0, 0, 0, 0], 15006))),

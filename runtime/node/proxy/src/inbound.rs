@@ -256,11 +256,17 @@ impl Inner {
             tracing::debug!(%peer, forwarded_for = %claimed, "forwarded for= differs from the TCP peer; the TCP peer is used");
         }
         // From another network (through its gateway) the TCP peer is the gateway: no source workload is known.
+        // "Another" than this node's network, as ztunnel decides it (`src/proxy/inbound.rs`, `from_gateway`), or
+        // than the destination workload's when the node's is not configured.
+        let network = match self.cfg.network.as_str() {
+            "" => dst_wl.network.as_str(),
+            n => n,
+        };
         let other_network = req
             .headers()
             .get(crate::outbound::FORWARDED_NETWORK)
             .and_then(|v| v.to_str().ok())
-            .is_some_and(|n| !n.eq_ignore_ascii_case(&dst_wl.network));
+            .is_some_and(|n| !n.eq_ignore_ascii_case(network));
         let src_wl = state
             .workload_by_ip(src.ip())
             .filter(|w| !other_network && w.has_identity(&peer_id))

@@ -421,7 +421,12 @@ impl Inner {
         let key = PoolKey::new(src_id, accepted, src_ip, hbone_addr);
         let expected = key.dst_ids.to_vec();
         // Through a network gateway both tunnels name the service by hostname and port (the endpoint's address
-        // means nothing on this network); the inner one also says which network the client is on.
+        // means nothing on this network); the inner one also says which network the client is on: this node's, as
+        // ztunnel says it (`src/proxy/outbound.rs`, `origin_network`), else the source workload's.
+        let origin_network = match self.cfg.network.as_str() {
+            "" => src_wl.network.as_str(),
+            n => n,
+        };
         let inner = match (&resolved.network_gateway, &resolved.service) {
             (Some(_), Some(svc)) => Some(gateway::InnerTunnel::new(
                 svc,
@@ -430,7 +435,7 @@ impl Inner {
                     resolved.waypoint.as_ref(),
                     resolved.workload.as_deref(),
                 ),
-                &src_wl.network,
+                origin_network,
                 dst.port(),
                 cert.clone(),
             )),

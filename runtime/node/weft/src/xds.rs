@@ -38,20 +38,31 @@ pub fn cluster_id(meta_env: Option<String>, flag: &str) -> String {
 pub const ISTIO_VERSION: &str = "1.32.0";
 
 /// The node id inputs: the flags, then `ISTIO_META_*` / `ISTIO_METAJSON_*` from the environment, the cluster id
-/// (already resolved, [`cluster_id`]) as `CLUSTER_ID` and [`ISTIO_VERSION`] as `ISTIO_VERSION` unless the
-/// environment set them.
+/// (already resolved, [`cluster_id`]) as `CLUSTER_ID`, the node's network (`--network`, `NETWORK`) as `NETWORK`
+/// when set, and [`ISTIO_VERSION`] as `ISTIO_VERSION`, each unless the environment set it.
 pub fn node_info(config: &NodeConfig) -> NodeInfo {
+    node_info_with_env(config, std::env::vars())
+}
+
+/// [`node_info`] with the environment given.
+fn node_info_with_env(
+    config: &NodeConfig,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> NodeInfo {
     let args = &config.xds;
-    NodeInfo {
+    let mut node = NodeInfo {
         instance_ip: args.instance_ip.clone(),
         pod_name: args.pod_name.clone(),
         pod_namespace: args.pod_namespace.clone(),
         node_name: config.node.clone(),
         ..Default::default()
     }
-    .with_env(std::env::vars())
-    .default_metadata("CLUSTER_ID", &config.cluster_id)
-    .default_metadata("ISTIO_VERSION", ISTIO_VERSION)
+    .with_env(env)
+    .default_metadata("CLUSTER_ID", &config.cluster_id);
+    if !config.network.is_empty() {
+        node = node.default_metadata("NETWORK", &config.network);
+    }
+    node.default_metadata("ISTIO_VERSION", ISTIO_VERSION)
 }
 
 /// Start the mesh source, if configured (must be called within the control runtime). Its Authorization handler
@@ -423,5 +434,32 @@ mod tests {
             !text.contains("istio_xds_connection_terminations_total{"),
             "{text}"
         );
+    }
+
+    /// `--network` (env `NETWORK`, ztunnel's name) reaches the node metadata istiod reads as `NETWORK`, unless
+    /// `ISTIO_META_NETWORK` says otherwise; unset, no `NETWORK` key is sent (as ztunnel sends none).
+    #[test]
+    #[allow(clippy::unwrap_used)] // test code: a panic fails the test
+    fn the_network_is_sent_as_node_metadata() {
+        use prost_types::value::Kind;
+        let network = |config: &NodeConfig, env: &[(&str, &str)]| {
+            let env = env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned()));
+            let node = node_info_with_env(config, env).to_proto();
+            match node.metadata?.fields.get("NETWORK")?.kind.clone()? {
+                Kind::StringValue(s) => Some(s),
+                other => panic!("NETWORK is not a string: {other:?}"),
+            }
+        };
+        let with = crate::config::tests::parse(&["--network", "net-east"]).unwrap();
+        assert_eq!(with.network, "net-east");
+        assert_eq!(with.proxy_config().network, "net-east");
+        assert_eq!(network(&with, &[]).as_deref(), Some("net-east"));
+        assert_eq!(
+            network(&with, &[("ISTIO_META_NETWORK", "meta")]).as_deref(),
+            Some("meta")
+        );
+        let without = crate::config::tests::parse(&[]).unwrap();
+        assert_eq!(without.network, "");
+        assert_eq!(network(&without, &[]), None);
     }
 }

@@ -15,6 +15,7 @@ impl NodeConfig {
     pub fn proxy_config(&self) -> ProxyConfig {
         let mut c = ProxyConfig::new(self.node.clone());
         c.cluster_id = self.cluster_id.clone();
+        c.network = self.network.clone();
         c.outbound_addr = self.outbound.addr();
         c.socks5_addr = self.socks5.addr();
         c.inbound_plaintext_addr = self.inbound_plaintext.addr();

@@ -78,6 +78,12 @@ pub struct NodeConfig {
     /// Cluster id.
     #[arg(long, env = "CLUSTER_ID", default_value = "Kubernetes")]
     pub cluster_id: String,
+    /// This node's network (ztunnel's NETWORK). An inbound tunnel whose x-forwarded-network names another network
+    /// came through that network's gateway (its source workload is not looked up); an outbound tunnel through a
+    /// network gateway says it comes from this network; sent to istiod as node metadata NETWORK unless
+    /// ISTIO_META_NETWORK is set. Empty: each local workload's own network.
+    #[arg(long, env = "NETWORK", default_value = "", hide_default_value = true)]
+    pub network: String,
     /// Outbound capture listener (iptables REDIRECT target).
     #[arg(long, env = "WEFT_OUTBOUND", default_value = "0.0.0.0:15001", value_parser = parse_listen)]
     #[serde(with = "text")]
