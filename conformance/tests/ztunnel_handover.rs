@@ -167,7 +167,7 @@ struct Bed {
     _agent_b: Agent,
     clients: Vec<PodNs>,
     servers: Vec<SocketAddr>,
-    _server_pods: Vec<PodNs>,
+    server_pods: Vec<PodNs>,
     nodes: Nodes,
     net: u8,
     dir: tempfile::TempDir,
@@ -302,7 +302,7 @@ impl Bed {
             _agent_b: agent_b,
             clients: vec![c1, c2, b_client],
             servers,
-            _server_pods: vec![s1, s2, b_server],
+            server_pods: vec![s1, s2, b_server],
             nodes,
             net,
             dir,
@@ -506,6 +506,25 @@ async fn long_lived(
     (rec, h)
 }
 
+/// The TCP listeners in `pod` on the proxies' ports (15001, 15006, 15008): `(local address, process name)`, from
+/// `ss -ltnp` run inside the pod's namespace.
+fn proxy_listeners(pod: &PodNs) -> Vec<(String, String)> {
+    let out = pod.ns.output("ss", &["-Hltnp"]).unwrap();
+    out.lines()
+        .filter_map(|l| {
+            let local = l.split_whitespace().nth(3)?;
+            if ![":15001", ":15006", ":15008"]
+                .iter()
+                .any(|p| local.ends_with(p))
+            {
+                return None;
+            }
+            let name = l.split("users:((\"").nth(1)?.split('"').next()?;
+            Some((local.to_owned(), name.to_owned()))
+        })
+        .collect()
+}
+
 fn pings(longs: &[Arc<LongLived>]) -> Vec<u64> {
     longs
         .iter()
@@ -562,6 +581,28 @@ async fn handover(old_kind: Kind, new_kind: Kind, tag: &str, net: u8) {
     let t0 = Instant::now();
     let new = bed.start(new_kind, 1, &format!("{new_name}-a-new")).await;
     let new_ready = t0.elapsed();
+    // Both proxies listen in every pod of node A: one listener each per port, in the same SO_REUSEPORT group.
+    let mut overlap = String::new();
+    for pod in bed.clients[..2].iter().chain(&bed.server_pods[..2]) {
+        let ls = proxy_listeners(pod);
+        for port in [":15001", ":15006", ":15008"] {
+            let owners: Vec<&(String, String)> =
+                ls.iter().filter(|(a, _)| a.ends_with(port)).collect();
+            let names: Vec<&str> = owners.iter().map(|(_, n)| n.as_str()).collect();
+            assert!(
+                owners.len() == 2
+                    && names.contains(&old_name)
+                    && names.contains(&new_name)
+                    && owners[0].0 == owners[1].0,
+                "{}: during the overlap, port {port} should have one listener of each proxy on the same \
+                 address: {ls:?}",
+                pod.name
+            );
+        }
+        if overlap.is_empty() {
+            overlap = format!("{}: {ls:?}", pod.name);
+        }
+    }
     more(100).await;
     let pings_at_sigterm = pings(&longs);
 
@@ -613,6 +654,7 @@ async fn handover(old_kind: Kind, new_kind: Kind, tag: &str, net: u8) {
             since_sigterm(*at)
         );
     }
+    println!("handover {label}: listeners during the overlap, {overlap}");
     println!(
         "handover {label}: new proxy ready (listeners in every pod) {new_ready:?} after its start; old proxy \
          exited {old_exit:?} after SIGTERM (drain deadline {DRAIN:?}); node taken over {taken_over:?} after the \
