@@ -200,9 +200,8 @@ fn spawn_node(
 
 /// `weft-control` serving `dir/mesh.yaml` on `127.0.0.1:XDS_PORT` inside `ns`.
 fn spawn_control(ns: &Netns, dir: &Path, tokens: &Path, log: &str) -> Proc {
-    let weft = weft_devmesh::weft_binary().unwrap();
+    let control = weft_devmesh::control_binary().unwrap();
     let args: Vec<String> = [
-        "control",
         "--listen",
         &format!("127.0.0.1:{XDS_PORT}"),
         "--ca-dir",
@@ -220,7 +219,7 @@ fn spawn_control(ns: &Netns, dir: &Path, tokens: &Path, log: &str) -> Proc {
     .iter()
     .map(|s| (*s).to_owned())
     .collect();
-    spawn_in(&ns.name, &weft, &args, &dir.join(log))
+    spawn_in(&ns.name, &control, &args, &dir.join(log))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
