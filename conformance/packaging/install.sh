@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what conformance/packaging needs into a virtualenv (default target/packaging-venv, or $WEFT_PACKAGING_VENV):
 # real Helm (helm-python-sdk bundles Helm's Go library as libhelm_c.so), kubernetes-validate with its Kubernetes
-# schemas, hadolint, dockerfile-parse and pytest, all pinned in requirements.txt. Reinstalls only when
+# schemas, hadolint, dockerfile-parse, cel-python and pytest, all pinned in requirements.txt. Reinstalls only when
 # requirements.txt changed.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
