@@ -106,7 +106,7 @@ impl Telemetry {
             state: state.clone(),
             identity: identity.clone(),
         }));
-        registry.register_collector(Box::new(crate::xds::XdsCollector(xds.to_vec())));
+        registry.register_collector(Box::new(weft_xds::XdsCollector(xds.to_vec())));
         registry.register_collector(Box::new(weft_admin::process::ProcessCollector {
             istio_version: std::env::var("ISTIO_META_ISTIO_VERSION")
                 .ok()
@@ -166,7 +166,7 @@ impl AdminHandler for Node {
         if self.needs_file && !self.state.is_loaded() {
             pending.push("config not loaded".to_owned());
         }
-        pending.extend(crate::xds::pending(&self.xds));
+        pending.extend(weft_xds::pending(&self.xds));
         match &self.inpod {
             Some(p) => pending.extend(p.not_ready()),
             None => {

@@ -221,6 +221,29 @@ impl Tracker {
     }
 }
 
+/// Readiness: every source has had its first complete sync.
+pub fn pending(handles: &[crate::XdsHandle]) -> Vec<String> {
+    handles
+        .iter()
+        .filter(|h| !h.is_synced())
+        .map(|h| {
+            let s = h.status();
+            let waiting: Vec<&str> = s
+                .types
+                .iter()
+                .filter(|t| !t.synced)
+                .map(|t| t.type_url.rsplit('/').next().unwrap_or(&t.type_url))
+                .collect();
+            format!(
+                "xDS source {} ({}) waiting for its first {}",
+                s.name,
+                s.address,
+                waiting.join(", ")
+            )
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
