@@ -31,7 +31,13 @@ fn parse_listen(s: &str) -> Result<Listen, String> {
 
 /// Serve the mesh and plugins to weft nodes (and ztunnel) over Delta ADS.
 #[derive(Debug, Parser)]
-#[command(version, about, long_about = None)]
+#[command(
+    version,
+    about = "weft-control: a Delta ADS server for weft nodes (and ztunnel): workloads, services and policies from a \
+             watched mesh file, plugins from a watched directory of WeftPlugin files; deltas, per-node ACK/NACK \
+             records, a status endpoint, TLS and bearer-token authentication.",
+    long_about = None
+)]
 pub struct ControlArgs {
     /// Delta ADS listen address (gRPC over TLS).
     #[arg(long, env = "WEFT_CONTROL_LISTEN", default_value = "0.0.0.0:15012")]

@@ -13,7 +13,11 @@ use weft_state::StateStore;
 
 /// A reference Istio-protocol CA that signs only identities of workloads on the requesting node.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(
+    version,
+    about = "A reference Istio-protocol CA for tests and demos: signs workload certificates and refuses \
+             identities that have no workload on the requesting node."
+)]
 struct Args {
     /// gRPC+TLS listen address.
     #[arg(long, default_value = "127.0.0.1:15012")]
