@@ -424,10 +424,16 @@ impl Bed {
                 .map(str::to_owned)
         };
         if old == Kind::Ztunnel && at >= DRAIN && at <= DRAIN + slack {
+            // (Its CONNECT never reached a weft: weft's inbound logs the client's address as forwarded_for.)
+            let reached_weft = [&logs.new, &logs.weft_b]
+                .iter()
+                .any(|log| log.contains(&format!("\"forwarded_for\":\"{local}\"")));
             if let Some(l) = ztunnel_line(&logs.old, &["connection closed due to connection drain"])
+                && !reached_weft
             {
                 return Some(format!(
-                    "drain race: the old ztunnel's outbound held it and its drain cut it: {l}"
+                    "drain race: the old ztunnel's outbound held it (its CONNECT reached no weft) and its drain \
+                     cut it: {l}"
                 ));
             }
             if let Some(l) = ztunnel_line(&logs.new, &["\terror\t"]) {
