@@ -751,8 +751,8 @@ async fn handover(old_kind: Kind, new_kind: Kind, tag: &str, net: u8, strict: bo
          exited {old_exit:?} after SIGTERM (drain deadline {DRAIN:?}); node taken over {taken_over:?} after the \
          new proxy's start; connections logged: old {served_by_old_before}+ before the overlap, new {served_by_new}"
     );
-    if !t.failed.is_empty() {
-        // Keep the logs of a run with failures.
+    if !lost.is_empty() {
+        // Keep the logs of a run with failures not named as ztunnel's own, to see what they were.
         let keep = std::env::temp_dir().join(format!("weft-handover-{tag}-{}", std::process::id()));
         let _ = std::fs::create_dir_all(&keep);
         for e in std::fs::read_dir(bed.dir.path()).unwrap().flatten() {
