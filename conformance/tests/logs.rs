@@ -76,28 +76,8 @@ async fn json_lines_are_one_object_each_with_the_fields_shippers_key_on() {
     assert!(seen >= 2, "{log}");
 }
 
-/// Every key a ztunnel access line may carry besides the line's own (`level`, `time`, `scope`, `message`), in
-/// ztunnel's order: `src/proxy/metrics.rs` (`ConnectionResult::record_internal`, `access_log!`) at commit
-/// 62d826530e5ce85764e309170205b293efcbc80b of github.com/istio/ztunnel. A field ztunnel does not know is left out.
-const ZTUNNEL_ACCESS_KEYS: [&str; 17] = [
-    "src.addr",
-    "src.workload",
-    "src.namespace",
-    "src.identity",
-    "src.cluster",
-    "dst.addr",
-    "dst.hbone_addr",
-    "dst.service",
-    "dst.workload",
-    "dst.namespace",
-    "dst.identity",
-    "dst.cluster",
-    "direction",
-    "bytes_sent",
-    "bytes_recv",
-    "duration",
-    "error",
-];
+/// ztunnel's access fields, from the shared test kit (which cites ztunnel's source).
+use weft_testkit::ztunnel::ACCESS_FIELDS as ZTUNNEL_ACCESS_KEYS;
 
 /// The keys of the line itself, ztunnel's (`src/telemetry.rs` `IstioJsonFormat`) plus weft's `target`, and weft's
 /// extra access fields: `conn` (the connection's id) and, inbound, `forwarded_for`.

@@ -11,7 +11,7 @@ use clap::Parser;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{EnvFilter, reload};
-use weft_identity::{KubeClient, LocalCa};
+use weft_identity::LocalCa;
 
 use crate::ads::server::ControlConfig;
 use crate::ads::status::LogLevel;
@@ -183,22 +183,14 @@ pub fn tls_and_auth(
         }
         _ => anyhow::bail!("give --ca-dir, or --tls-cert and --tls-key"),
     };
-    let auth = match (&args.tokens, &args.kube_api) {
-        (Some(path), _) => Authenticator::Static(path.clone()),
-        (None, Some(url)) => Authenticator::TokenReview {
-            api: Box::new(
-                KubeClient::new(
-                    url,
-                    args.kube_ca_file.as_deref(),
-                    args.kube_token_file.clone(),
-                )
-                .context("--kube-api")?,
-            ),
-            audience: args.audience.clone(),
-            trust_domain: args.trust_domain.clone(),
-        },
-        (None, None) => anyhow::bail!("give --tokens or --kube-api"),
-    };
+    let auth = Authenticator::from_flags(
+        args.tokens.as_deref(),
+        args.kube_api.as_deref(),
+        args.kube_ca_file.as_deref(),
+        args.kube_token_file.clone(),
+        &args.audience,
+        &args.trust_domain,
+    )?;
 
     Ok((tls, auth))
 }

@@ -1,9 +1,9 @@
 //! Who is calling: a bearer token turned into a node (its name and its own SPIFFE identity), either by a
 //! Kubernetes TokenReview (`authentication.k8s.io/v1`, audience `istio-ca`; the node from the token's pod/node
 //! binding in `status.user.extra`) or by a static token file for tests and demos without Kubernetes.
-//! Shared by the reference CA (`weft-ca`) and `weft control`.
+//! Shared by the reference CA (`weft-ca`) and `weft-control`, down to how their flags choose one ([`Authenticator::from_flags`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use http::Method;
 use serde::Deserialize;
@@ -66,6 +66,40 @@ pub enum Authenticator {
         /// Trust domain of the identities derived from service accounts.
         trust_domain: String,
     },
+}
+
+/// Why the flags name no usable authenticator.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthFlagsError {
+    /// Neither a token file nor an API server.
+    #[error("give --tokens or --kube-api")]
+    Neither,
+    /// The API server client could not be built.
+    #[error("--kube-api: {0}")]
+    Kube(#[from] weft_identity::Error),
+}
+
+impl Authenticator {
+    /// What `--tokens` / `--kube-api` (with `--kube-ca-file`, `--kube-token-file`, `--audience`) choose: the
+    /// token file if given, else TokenReview against the API server.
+    pub fn from_flags(
+        tokens: Option<&Path>,
+        kube_api: Option<&str>,
+        kube_ca_file: Option<&Path>,
+        kube_token_file: Option<PathBuf>,
+        audience: &str,
+        trust_domain: &str,
+    ) -> Result<Self, AuthFlagsError> {
+        match (tokens, kube_api) {
+            (Some(path), _) => Ok(Self::Static(path.to_path_buf())),
+            (None, Some(url)) => Ok(Self::TokenReview {
+                api: Box::new(KubeClient::new(url, kube_ca_file, kube_token_file)?),
+                audience: audience.to_owned(),
+                trust_domain: trust_domain.to_owned(),
+            }),
+            (None, None) => Err(AuthFlagsError::Neither),
+        }
+    }
 }
 
 /// The token of an `authorization: Bearer <token>` header value (`None` for another scheme or an empty token).

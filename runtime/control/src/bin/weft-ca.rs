@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use weft_control::ca::{Authenticator, CaService, Fault, NodeAccount, TrustedNodeAccounts};
-use weft_identity::{KubeClient, LocalCa};
+use weft_identity::LocalCa;
 use weft_state::StateStore;
 
 /// A reference Istio-protocol CA that signs only identities of workloads on the requesting node.
@@ -102,22 +102,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
         workloads.clone(),
         args.config_poll,
     );
-    let auth = match (&args.tokens, &args.kube_api) {
-        (Some(path), _) => Authenticator::Static(path.clone()),
-        (None, Some(url)) => Authenticator::TokenReview {
-            api: Box::new(
-                KubeClient::new(
-                    url,
-                    args.kube_ca_file.as_deref(),
-                    args.kube_token_file.clone(),
-                )
-                .context("--kube-api")?,
-            ),
-            audience: args.audience.clone(),
-            trust_domain: args.trust_domain.clone(),
-        },
-        (None, None) => anyhow::bail!("give --tokens or --kube-api"),
-    };
+    let auth = Authenticator::from_flags(
+        args.tokens.as_deref(),
+        args.kube_api.as_deref(),
+        args.kube_ca_file.as_deref(),
+        args.kube_token_file.clone(),
+        &args.audience,
+        &args.trust_domain,
+    )?;
     let rogue = match args.fault {
         Some(Fault::BadChain) => {
             let (cert, key) =

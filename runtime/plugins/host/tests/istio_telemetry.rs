@@ -437,29 +437,8 @@ fn each_overflowing_connection_is_counted() {
     assert_eq!(by, [("a", 1.0), ("overflow", 3.0)].into());
 }
 
-/// ztunnel's access log fields, from `src/proxy/metrics.rs` (`ConnectionResult::record_internal` and the
-/// `access_log!` macro) at commit 62d826530e5ce85764e309170205b293efcbc80b of github.com/istio/ztunnel: logged with
-/// target (JSON `scope`) `access`, no parent span, the message "connection complete", at error level with `error`
-/// when the connection failed and at info level otherwise.
-const ZTUNNEL_ACCESS_FIELDS: [&str; 17] = [
-    "src.addr",
-    "src.workload",
-    "src.namespace",
-    "src.identity",
-    "src.cluster",
-    "dst.addr",
-    "dst.hbone_addr",
-    "dst.service",
-    "dst.workload",
-    "dst.namespace",
-    "dst.identity",
-    "dst.cluster",
-    "direction",
-    "bytes_sent",
-    "bytes_recv",
-    "duration",
-    "error",
-];
+/// ztunnel's access fields, from the shared test kit (which cites ztunnel's source).
+use weft_testkit::ztunnel::ACCESS_FIELDS as ZTUNNEL_ACCESS_FIELDS;
 
 /// A field as it was recorded: a string (`&str`, a JSON string, quoted in text), a number, or a value shown with
 /// `Display`/`Debug` (a JSON string, bare in text, as ztunnel records addresses).
