@@ -459,6 +459,29 @@ pub struct PluginSpec {
     pub recheck: bool,
     /// Probation of a new version of it (automatic rollback); `None`: the node's defaults.
     pub rollout: Option<PluginRollout>,
+    /// A version decided beside this one, off the data path and never enforced (policy plugins); `None`: none.
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "shadow_ref")]
+    pub shadow: Option<Arc<PluginShadow>>,
+}
+
+fn shadow_ref<S: serde::Serializer>(
+    shadow: &Option<Arc<PluginShadow>>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    shadow.as_deref().serialize(s)
+}
+
+/// A shadow version of a plugin: other code or config, run on the same connections as the serving version and
+/// compared with it, never enforced. Everything else (name, kind, selector, directions) is the serving spec's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PluginShadow {
+    /// The shadow's code.
+    pub source: PluginSource,
+    /// Expected sha256 of the shadow's code (hex), checked before compiling when present.
+    pub sha256: Option<String>,
+    /// The shadow's configuration, handed to `configure`.
+    pub config: String,
 }
 
 /// Probation of a newly swapped plugin version: if, within `window` after the swap and over at least `min_calls`

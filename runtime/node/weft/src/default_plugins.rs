@@ -40,6 +40,7 @@ fn spec(
         },
         recheck: true,
         rollout: None,
+        shadow: None,
     })
 }
 

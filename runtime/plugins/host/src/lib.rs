@@ -20,6 +20,12 @@
 //! host's); if its calls fail too often within the window it is swapped back for the previous version, counted in
 //! `weft_plugin_rollbacks_total{plugin}`, reported on [`PluginHost::rollbacks`], and refused until different code
 //! arrives. [`PluginHost::wait_applied`] tells a config source what became of the state version it produced.
+//!
+//! Shadow versions: a policy plugin's spec may carry a `shadow` (other code or config). It loads like a serving
+//! version but never enters the chain's decisions: each connection a serving version decides is queued (bounded,
+//! `try_send`; full: skipped and counted) to the shadow thread, which decides it again with the shadow and counts
+//! `weft_plugin_shadow_decisions_total{plugin,direction,serving,shadow}` (a trap or timeout is `error`), keeping
+//! rate-limited divergence samples ([`PluginHost::shadow_report`]).
 
 // The layers, bottom first: each uses only itself and the ones declared before it (`tests/layers.rs` holds this).
 
@@ -60,6 +66,7 @@ pub use base::error::{CallError, ErrorKind, LoadError};
 pub use host::plugin_host::{EpochTickerStatus, HostError, PluginHost};
 pub use lifecycle::report::{AppliedVersion, ApplyReport, Outcome, PluginOutcome};
 pub use lifecycle::rollout::RollbackEvent;
+pub use lifecycle::shadow::{DivergenceSample, ShadowCount, ShadowReport};
 pub use lifecycle::status::PluginStatus;
 pub use metrics::plugin::MetricsHub;
 pub use versions::cache::sha256_hex;

@@ -81,6 +81,7 @@ pub fn spec(name: &str, kind: PluginKind, wasm: &Path, config: &str) -> PluginSp
         directions: PluginDirections::default(),
         recheck: true,
         rollout: None,
+        shadow: None,
     }
 }
 

@@ -122,6 +122,7 @@ impl PluginWire {
             directions: self.directions,
             recheck: self.recheck,
             rollout: None,
+            shadow: None,
         }
     }
 }

@@ -118,6 +118,7 @@ impl PluginResource {
             directions: self.directions,
             recheck: self.recheck,
             rollout: self.rollout,
+            shadow: None,
         }
     }
 }

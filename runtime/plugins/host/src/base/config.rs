@@ -75,6 +75,15 @@ pub struct HostConfig {
     /// Let connections through when Istio authorization policies apply to their destination but no serving policy
     /// plugin enforces them (`--allow-unenforced-policies`); by default they are denied (see `enforce.rs`).
     pub allow_unenforced_policies: bool,
+    /// Shadow decisions waiting for the shadow thread, at most (over every plugin); when full a decision is skipped
+    /// and counted, never waited for.
+    pub shadow_queue: usize,
+    /// Divergence samples kept per plugin (the oldest go first).
+    pub shadow_samples: usize,
+    /// Divergence samples taken per plugin per [`Self::shadow_sample_interval`], at most (the rest are counted only).
+    pub shadow_samples_per_interval: u32,
+    /// The interval of [`Self::shadow_samples_per_interval`], on [`Self::clock`].
+    pub shadow_sample_interval: Duration,
 }
 
 impl Default for HostConfig {
@@ -104,6 +113,10 @@ impl Default for HostConfig {
             rollout: default_rollout(),
             clock: Arc::new(SystemClock::default()),
             allow_unenforced_policies: false,
+            shadow_queue: 1024,
+            shadow_samples: 64,
+            shadow_samples_per_interval: 10,
+            shadow_sample_interval: Duration::from_secs(10),
         }
     }
 }

@@ -16,6 +16,7 @@ use crate::lifecycle::plugins::{Loading, Plugins};
 use crate::lifecycle::report::AppliedVersion;
 use crate::lifecycle::rollback;
 use crate::lifecycle::rollout::RollbackEvent;
+use crate::lifecycle::shadow::{self, SampleLimits, ShadowBook, ShadowReport};
 use crate::lifecycle::status::PluginStatus;
 use crate::metrics::host::HostMetrics;
 use crate::metrics::plugin::{LabelLimits, MetricsHub};
@@ -93,6 +94,22 @@ impl PluginHost {
             config.telemetry_linger,
             metrics.telemetry_dropped.clone(),
         )?;
+        let (shadow_queue, shadow_jobs) = shadow::queue(config.shadow_queue);
+        let shadow_book = Arc::new(ShadowBook::new(
+            metrics.clone(),
+            config.clock.clone(),
+            SampleLimits {
+                ring: config.shadow_samples,
+                per_interval: config.shadow_samples_per_interval,
+                interval: config.shadow_sample_interval,
+            },
+        ));
+        {
+            let book = shadow_book.clone();
+            std::thread::Builder::new()
+                .name("weft-plugin-shadow".into())
+                .spawn(move || shadow::run(shadow_jobs, book))?;
+        }
         let loading = Loading {
             cache: CompileCache::new(
                 engine.clone(),
@@ -116,6 +133,8 @@ impl PluginHost {
             rollout: config.rollout,
             clock: config.clock.clone(),
             allow_unenforced_policies: config.allow_unenforced_policies,
+            shadow_queue,
+            shadow_book,
         };
         let hub = Arc::new(MetricsHub::new(LabelLimits {
             max_value_len: config.max_label_value_len,
@@ -200,6 +219,13 @@ impl PluginHost {
     /// A status line per configured plugin, in name order.
     pub fn status(&self) -> Vec<PluginStatus> {
         self.plugins.status()
+    }
+
+    /// What the shadow version of policy plugin `plugin` decided so far, compared with the serving version: counts
+    /// per (direction, serving verdict, shadow verdict), skipped decisions and the latest divergence samples. `None`
+    /// when the plugin has no shadow.
+    pub fn shadow_report(&self, plugin: &str) -> Option<ShadowReport> {
+        self.plugins.loading.shadow_book.report(plugin)
     }
 
     /// The same metrics as Prometheus/OpenMetrics text (tests, debugging).

@@ -10,6 +10,7 @@ use weft_state::{PluginKind, PluginSpec, Policy};
 use super::plugins::{Applied, Plugins};
 use super::report::{AppliedVersion, ApplyReport, Outcome, PluginOutcome};
 use super::rollout::OnProbation;
+use super::shadow::Shadow;
 use crate::base::error::LoadError;
 use crate::sandbox::store::PluginCtx;
 use crate::versions::cache::sha256_hex;
@@ -64,7 +65,7 @@ impl Plugins {
             // a new version).
             let unchanged_spec = current
                 .as_ref()
-                .is_some_and(|c| *c.spec == **spec && same_code(c, spec));
+                .is_some_and(|c| same_serving(&c.spec, spec) && same_code(c, spec));
             let wants_state =
                 |v: &PluginVersion| v.wants.contains(wit::StateKinds::AUTHORIZATION_POLICIES);
             let refused = if unchanged_spec {
@@ -174,6 +175,7 @@ impl Plugins {
             .rollout
             .refused
             .retain(|name, _| wanted.contains_key(name));
+        self.reconcile_shadows(&mut applied, &next, &wanted, &state, policies_changed);
         applied.serving = next;
         applied.specs = wanted;
         // The chain and the plugin metrics: exactly the serving versions (a replaced or removed version's series
@@ -190,6 +192,90 @@ impl Plugins {
             report: report.clone(),
         }));
         report
+    }
+
+    /// Loads, keeps or drops the shadow version of every serving policy plugin as its spec says. A shadow that
+    /// fails to load is reported (`shadow_report`) and logged; the serving version is not affected.
+    fn reconcile_shadows(
+        &self,
+        applied: &mut Applied,
+        serving: &BTreeMap<String, Arc<PluginVersion>>,
+        wanted: &BTreeMap<String, Arc<PluginSpec>>,
+        state: &PolicyState,
+        policies_changed: bool,
+    ) {
+        let book = &self.loading.shadow_book;
+        let mut next: BTreeMap<String, Arc<Shadow>> = BTreeMap::new();
+        for (name, version) in serving {
+            let Some(spec) = wanted.get(name) else {
+                continue;
+            };
+            let Some(shadow) = spec
+                .shadow
+                .as_ref()
+                .filter(|_| spec.kind == PluginKind::Policy)
+            else {
+                continue;
+            };
+            let current = applied.shadows.get(name);
+            let keep = current.is_some_and(|c| {
+                *c.spec == **shadow
+                    && !(policies_changed
+                        && c.version
+                            .wants
+                            .contains(wit::StateKinds::AUTHORIZATION_POLICIES))
+            });
+            if keep && let Some(c) = current {
+                next.insert(name.clone(), c.clone());
+                continue;
+            }
+            let shadow_spec = Arc::new(PluginSpec {
+                source: shadow.source.clone(),
+                sha256: shadow.sha256.clone(),
+                config: shadow.config.clone(),
+                rollout: None,
+                shadow: None,
+                ..(**spec).clone()
+            });
+            let instances = version.pool_target().min(2);
+            match self.load_as(&shadow_spec, &format!("{name}.shadow"), state, instances) {
+                Ok(v) => {
+                    let same_code = current
+                        .is_some_and(|c| c.version.sha256 == v.sha256 && *c.spec == **shadow);
+                    if !same_code {
+                        book.start(name, Some(v.sha256.clone()), None);
+                    }
+                    tracing::info!(plugin = %name, sha256 = %v.sha256, "shadow version loaded (never enforced)");
+                    next.insert(
+                        name.clone(),
+                        Arc::new(Shadow::new(
+                            name,
+                            shadow.clone(),
+                            Arc::new(v),
+                            &self.metrics,
+                        )),
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(plugin = %name, reason = %e, "shadow version rejected");
+                    book.start(name, None, Some(e.to_string()));
+                }
+            }
+        }
+        for name in applied.shadows.keys() {
+            if !next.contains_key(name) {
+                self.hub.remove(&format!("{name}.shadow"));
+            }
+        }
+        for name in book.plugins() {
+            let has_shadow = wanted
+                .get(&name)
+                .is_some_and(|s| s.shadow.is_some() && serving.contains_key(&name));
+            if !has_shadow {
+                book.forget(&name);
+            }
+        }
+        applied.shadows = next;
     }
 
     /// Why `spec` is refused after a rollback of the same version, if it is.
@@ -254,10 +340,22 @@ impl Plugins {
         state: &PolicyState,
         instances: usize,
     ) -> Result<PluginVersion, LoadError> {
+        self.load_as(spec, &spec.name, state, instances)
+    }
+
+    /// Loads a version of `spec` whose host metrics and plugin metrics go under `series` (a shadow's are apart
+    /// from its serving version's).
+    fn load_as(
+        &self,
+        spec: &Arc<PluginSpec>,
+        series: &str,
+        state: &PolicyState,
+        instances: usize,
+    ) -> Result<PluginVersion, LoadError> {
         let loading = &self.loading;
         let code = compile(spec, &loading.cache, &loading.instances.engine)?;
         let ctx = PluginCtx::new(
-            &spec.name,
+            series,
             spec.kind,
             &self.metrics,
             &self.hub,
@@ -272,6 +370,15 @@ impl Plugins {
             &loading.instances,
         )
     }
+}
+
+/// Whether two specs serve the same version (a change of the shadow alone does not touch the serving one).
+fn same_serving(current: &PluginSpec, spec: &PluginSpec) -> bool {
+    let serving = |s: &PluginSpec| PluginSpec {
+        shadow: None,
+        ..s.clone()
+    };
+    serving(current) == serving(spec)
 }
 
 fn same_code(current: &PluginVersion, spec: &PluginSpec) -> bool {

@@ -7,6 +7,7 @@ use weft_hooks::{ConnectionRecord, Direction, Verdict};
 use weft_state::{FailurePolicy, PluginKind, PluginSpec};
 
 use crate::lifecycle::enforce::Unenforced;
+use crate::lifecycle::shadow::{Shadow, ShadowQueue};
 use crate::versions::version::PluginVersion;
 use crate::wit::bindings::types as wit;
 
@@ -39,6 +40,10 @@ pub(crate) struct Chain {
     /// The policies in force, when unenforced ones must fail closed (`None`: none in force, or the operator opted
     /// out).
     pub unenforced: Option<Arc<Unenforced>>,
+    /// The shadow versions of serving policy plugins (few; empty when none has one).
+    pub shadows: Vec<Arc<Shadow>>,
+    /// Where a shadow decision is queued (set when `shadows` is not empty).
+    pub shadow_queue: Option<ShadowQueue>,
 }
 
 impl Chain {
@@ -89,6 +94,20 @@ impl Chain {
                 .collect(),
             telemetry,
             unenforced,
+            shadows: Vec::new(),
+            shadow_queue: None,
+        }
+    }
+
+    /// Queues `verdict` of the serving version `v` for its shadow, if it has one (never waits).
+    fn shadow(&self, v: &PluginVersion, conn: &ConnectionRecord, verdict: &Verdict) {
+        if self.shadows.is_empty() {
+            return;
+        }
+        if let Some(queue) = &self.shadow_queue
+            && let Some(shadow) = self.shadows.iter().find(|s| s.plugin == v.spec.name)
+        {
+            queue.offer(shadow, conn, verdict);
         }
     }
 
@@ -122,7 +141,11 @@ impl Chain {
                     v.ctx.counters.out_of_scope.inc();
                     continue;
                 }
-                Link::Serving(v) => v.authorize(conn),
+                Link::Serving(v) => {
+                    let verdict = v.authorize(conn);
+                    self.shadow(v, conn, &verdict);
+                    verdict
+                }
                 Link::Broken { spec, reason } => Verdict::Deny {
                     by: spec.name.clone(),
                     reason: format!("plugin not loaded (fail-closed): {reason}"),

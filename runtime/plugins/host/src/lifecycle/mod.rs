@@ -8,4 +8,5 @@ pub(crate) mod plugins;
 pub(crate) mod report;
 pub(crate) mod rollback;
 pub(crate) mod rollout;
+pub(crate) mod shadow;
 pub(crate) mod status;

@@ -10,6 +10,7 @@ use weft_state::{PluginRollout, PluginSpec, Policy};
 use super::chain::Chain;
 use super::report::AppliedVersion;
 use super::rollout::{RollbackEvent, RolloutState};
+use super::shadow::{Shadow, ShadowBook, ShadowQueue};
 use crate::base::clock::Clock;
 use crate::metrics::host::HostMetrics;
 use crate::metrics::plugin::MetricsHub;
@@ -31,6 +32,8 @@ pub(crate) struct Applied {
     pub generation: u64,
     /// Versions on probation and versions refused after a rollback.
     pub rollout: RolloutState,
+    /// The loaded shadow versions, by plugin name.
+    pub shadows: BTreeMap<String, Arc<Shadow>>,
 }
 
 /// What loading a version, starting its probation and guarding unenforced policies take from the host (its
@@ -45,6 +48,9 @@ pub(crate) struct Loading {
     pub clock: Arc<dyn Clock>,
     /// Let connections through when no serving plugin enforces the authorization policies in force.
     pub allow_unenforced_policies: bool,
+    /// Where the chain queues shadow decisions, and where the shadow thread books them.
+    pub shadow_queue: ShadowQueue,
+    pub shadow_book: Arc<ShadowBook>,
 }
 
 /// The plugin set and everything that changes it (`apply`, the rollout thread) or reports on it (status, the

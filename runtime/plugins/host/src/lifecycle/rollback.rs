@@ -54,8 +54,17 @@ impl Plugins {
             .then(|| Unenforced::build(&applied.policies, self.metrics.unenforced_denials.clone()))
             .flatten()
             .map(Arc::new);
-        self.chain
-            .store(Arc::new(Chain::build(&serving, &broken, unenforced)));
+        let mut chain = Chain::build(&serving, &broken, unenforced);
+        chain.shadows = applied
+            .shadows
+            .iter()
+            .filter(|(name, _)| applied.serving.contains_key(*name))
+            .map(|(_, s)| s.clone())
+            .collect();
+        if !chain.shadows.is_empty() {
+            chain.shadow_queue = Some(self.loading.shadow_queue.clone());
+        }
+        self.chain.store(Arc::new(chain));
         self.hub.publish(
             applied
                 .serving

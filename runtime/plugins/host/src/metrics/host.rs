@@ -39,6 +39,10 @@ pub(crate) struct HostMetrics {
     pub(crate) telemetry_dropped: Counter,
     /// Connections denied because an authorization policy applied that no plugin enforces, by policy.
     pub(crate) unenforced_denials: Family<PolicyLabel, Counter>,
+    /// Shadow decisions, by plugin, direction, serving verdict and shadow verdict.
+    shadow_decisions: Family<Labels, Counter>,
+    /// Shadow decisions skipped because the shadow queue was full, by plugin.
+    shadow_skipped: Family<Labels, Counter>,
 }
 
 impl Default for HostMetrics {
@@ -56,7 +60,29 @@ impl Default for HostMetrics {
             metric_dropped: Family::default(),
             telemetry_dropped: Counter::default(),
             unenforced_denials: Family::default(),
+            shadow_decisions: Family::default(),
+            shadow_skipped: Family::default(),
         }
+    }
+}
+
+/// The labels of a shadow-decision series.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct ShadowLabels {
+    pub plugin: String,
+    pub direction: &'static str,
+    pub serving: &'static str,
+    pub shadow: &'static str,
+}
+
+impl ShadowLabels {
+    fn labels(&self) -> Labels {
+        vec![
+            ("plugin".to_string(), self.plugin.clone()),
+            ("direction".to_string(), self.direction.to_string()),
+            ("serving".to_string(), self.serving.to_string()),
+            ("shadow".to_string(), self.shadow.to_string()),
+        ]
     }
 }
 
@@ -115,6 +141,29 @@ impl HostMetrics {
         }
     }
 
+    /// The shadow-decision series of `plugin` for one (direction, serving verdict, shadow verdict).
+    pub fn shadow_decisions(&self, labels: &ShadowLabels) -> Counter {
+        self.shadow_decisions
+            .get_or_create(&labels.labels())
+            .clone()
+    }
+
+    /// The skipped-shadow-decision series of `plugin`.
+    pub fn shadow_skipped(&self, plugin: &str) -> Counter {
+        self.shadow_skipped
+            .get_or_create(&vec![("plugin".to_string(), plugin.to_string())])
+            .clone()
+    }
+
+    /// Drops every shadow series of `plugin` (its shadow went): `decisions` are the label sets it created.
+    pub fn remove_shadow(&self, plugin: &str, decisions: &[ShadowLabels]) {
+        for l in decisions {
+            self.shadow_decisions.remove(&l.labels());
+        }
+        self.shadow_skipped
+            .remove(&vec![("plugin".to_string(), plugin.to_string())]);
+    }
+
     /// Counts a load attempt.
     pub fn load(&self, plugin: &str, result: &str) {
         self.loads
@@ -164,6 +213,17 @@ impl HostMetrics {
             "weft_plugin_instances",
             "Live plugin instances.",
             self.instances.clone(),
+        );
+        registry.register(
+            "weft_plugin_shadow_decisions",
+            "Connections decided by a plugin's shadow version beside its serving one (never enforced), by \
+             direction, serving verdict (allow, deny) and shadow verdict (allow, deny, error: trapped or timed out).",
+            self.shadow_decisions.clone(),
+        );
+        registry.register(
+            "weft_plugin_shadow_skipped",
+            "Shadow decisions skipped because the shadow queue was full (the connection was not delayed).",
+            self.shadow_skipped.clone(),
         );
         registry.register(
             "weft_plugin_loads",

@@ -262,6 +262,33 @@ impl PluginVersion {
         self.finish(conn, started, result)
     }
 
+    /// Runs `authorize` on a pooled instance and returns what the plugin decided, a failure as it is (a shadow
+    /// version: no failure policy, no probation). A connection outside the declared scope is allowed without a call.
+    pub fn decide(&self, conn: &ConnectionRecord) -> Result<Verdict, CallError> {
+        if !self.scope.covers(conn) {
+            return Ok(Verdict::Allow);
+        }
+        let started = Instant::now();
+        let result = self.with_instance(|inst| inst.authorize(conn));
+        let c = &self.ctx.counters;
+        c.calls.inc();
+        c.latency.observe(started.elapsed().as_secs_f64());
+        match result {
+            Ok(wit::Decision::Allow) => Ok(Verdict::Allow),
+            Ok(wit::Decision::Deny(reason)) => {
+                c.denials.inc();
+                Ok(Verdict::Deny {
+                    by: self.spec.name.clone(),
+                    reason,
+                })
+            }
+            Err(e) => {
+                c.error(e.kind).inc();
+                Err(e)
+            }
+        }
+    }
+
     /// Runs `authorize` on a brand-new instance (benchmarks and tests: what reuse saves).
     pub fn authorize_fresh(&self, conn: &ConnectionRecord) -> Verdict {
         let started = Instant::now();
