@@ -22,6 +22,10 @@
 //!     maxFailureRatio: 0.2
 //!     minCalls: 20
 //!     nodes: [node-a]                 # staged: only these nodes get this version, the others keep theirs
+//!   shadow:                           # policy only: decided beside the serving version, compared, never enforced
+//!     url: file://port_allowlist.wasm # as spec.url (file:// inlined, https:// needs sha256)
+//!     sha256: 0167d5...
+//!     pluginConfig: {ports: []}       # the shadow's configure() input
 //! ```
 //!
 //! Every value is checked while it is deserialized, so a refused file names its field path and line.
@@ -34,7 +38,7 @@ use serde::{Deserialize, Deserializer};
 use sha2::{Digest, Sha256};
 use weft_proto::type_url;
 use weft_state::xds::encode::plugin::extension_config;
-use weft_state::xds::plugin::{Code, PluginResource, RemoteCode};
+use weft_state::xds::plugin::{Code, PluginResource, RemoteCode, ShadowResource};
 use weft_state::{
     ConfigError, FailurePolicy, PluginDirections, PluginKind, PluginRollout, WorkloadSelector,
 };
@@ -138,6 +142,19 @@ struct Spec {
     recheck: Option<bool>,
     #[serde(default)]
     rollout: Option<RolloutWire>,
+    #[serde(default)]
+    shadow: Option<ShadowWire>,
+}
+
+/// `spec.shadow`: another version's code and configuration, run beside the serving one.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ShadowWire {
+    url: CodeUrl,
+    #[serde(default)]
+    sha256: Option<Sha256Hex>,
+    #[serde(default)]
+    plugin_config: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -395,47 +412,32 @@ impl ParsedPlugin {
             message,
         };
         let url_text = s.url.to_string();
-        let (code, sha256) = match &s.url {
-            CodeUrl::File(p) => {
-                let path = dir.join(p);
-                let bytes = std::fs::read(&path).map_err(|e| {
-                    invalid(
-                        "url",
-                        format!("spec.url: cannot read {}: {e}", path.display()),
-                    )
-                })?;
-                let actual = hex::encode(Sha256::digest(&bytes));
-                if let Some(want) = &s.sha256
-                    && want.0 != actual
-                {
-                    return Err(invalid(
-                        "sha256",
-                        format!(
-                            "spec.sha256: {} has sha256 {actual}, not {}",
-                            path.display(),
-                            want.0
-                        ),
-                    ));
-                }
-                (Code::Inline(std::sync::Arc::new(bytes)), Some(actual))
+        let (code, sha256) = resolve_code(&s.url, s.sha256.as_ref(), dir, "spec", &invalid)?;
+        let shadow = match &s.shadow {
+            None => None,
+            Some(_) if matches!(s.kind, Some(KindWire::Telemetry)) => {
+                return Err(invalid(
+                    "shadow",
+                    "spec.shadow: a telemetry plugin cannot have a shadow (only policy plugins are \
+                     shadowed)"
+                        .into(),
+                ));
             }
-            CodeUrl::Remote(url) => {
-                if url.starts_with("https://") && s.sha256.is_none() {
-                    return Err(invalid(
-                        "url",
-                        "spec.sha256: required for https:// code (nothing else verifies what the nodes \
-                         download)"
-                            .into(),
-                    ));
-                }
-                let remote = RemoteCode {
-                    uri: url.clone(),
-                    timeout: Some(Duration::from_secs(30)),
-                    retries: None,
-                    backoff: None,
-                    pull_secret: None,
-                };
-                (Code::Remote(remote), s.sha256.as_ref().map(|h| h.0.clone()))
+            Some(sh) => {
+                let (code, sha256) =
+                    resolve_code(&sh.url, sh.sha256.as_ref(), dir, "spec.shadow", &invalid)?;
+                Some(ShadowResource {
+                    sha256: match &code {
+                        Code::Inline(_) => None,
+                        Code::Remote(_) => sha256,
+                    },
+                    code,
+                    config: sh
+                        .plugin_config
+                        .as_ref()
+                        .map(ToString::to_string)
+                        .unwrap_or_default(),
+                })
             }
         };
         let directions = match &s.directions {
@@ -514,6 +516,7 @@ impl ParsedPlugin {
             directions,
             recheck: s.recheck.unwrap_or(true),
             rollout,
+            shadow,
         };
         let ecds = extension_config(&model);
         let resource = Resource::new(
@@ -534,6 +537,63 @@ impl ParsedPlugin {
     }
 }
 
+/// The code a `url` (at `prefix`.url, with `prefix`.sha256) names: `file://` read and inlined (its sha256 checked
+/// against the pin), remote as is (https:// needs a sha256); and the sha256 known for it.
+fn resolve_code(
+    url: &CodeUrl,
+    pin: Option<&Sha256Hex>,
+    dir: &Path,
+    prefix: &str,
+    invalid: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<(Code, Option<String>), ConfigError> {
+    // The line: the key itself for the serving fields, the `shadow:` block for the shadow's.
+    let key = |k: &'static str| if prefix == "spec" { k } else { "shadow" };
+    match url {
+        CodeUrl::File(p) => {
+            let path = dir.join(p);
+            let bytes = std::fs::read(&path).map_err(|e| {
+                invalid(
+                    key("url"),
+                    format!("{prefix}.url: cannot read {}: {e}", path.display()),
+                )
+            })?;
+            let actual = hex::encode(Sha256::digest(&bytes));
+            if let Some(want) = pin
+                && want.0 != actual
+            {
+                return Err(invalid(
+                    key("sha256"),
+                    format!(
+                        "{prefix}.sha256: {} has sha256 {actual}, not {}",
+                        path.display(),
+                        want.0
+                    ),
+                ));
+            }
+            Ok((Code::Inline(std::sync::Arc::new(bytes)), Some(actual)))
+        }
+        CodeUrl::Remote(url) => {
+            if url.starts_with("https://") && pin.is_none() {
+                return Err(invalid(
+                    key("url"),
+                    format!(
+                        "{prefix}.sha256: required for https:// code (nothing else verifies what the \
+                         nodes download)"
+                    ),
+                ));
+            }
+            let remote = RemoteCode {
+                uri: url.clone(),
+                timeout: Some(Duration::from_secs(30)),
+                retries: None,
+                backoff: None,
+                pull_secret: None,
+            };
+            Ok((Code::Remote(remote), pin.map(|h| h.0.clone())))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)] // test code: a panic fails the test
@@ -546,7 +606,7 @@ mod tests {
              url: oci://registry.example/p:v1\n{spec}"
         );
         let file = Path::new("p.yaml");
-        let mut parsed = parse_file(&text, file).unwrap();
+        let mut parsed = parse_file(&text, file)?;
         parsed.remove(0).into_entry(&text, Path::new("."))
     }
 
@@ -599,5 +659,93 @@ mod tests {
                 .rollout
                 .is_none()
         );
+    }
+
+    #[test]
+    fn a_shadow_becomes_the_model_the_node_decodes() {
+        let dir = std::env::temp_dir().join(format!("weft-shadow-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("v2.wasm"), b"\0asm v2").unwrap();
+        let sha = hex::encode(Sha256::digest(b"\0asm v2"));
+        let text = format!(
+            "apiVersion: weft.dev/v1alpha1\nkind: WeftPlugin\nmetadata:\n  name: p\nspec:\n  \
+             url: oci://registry.example/p:v1\n  shadow:\n    url: file://v2.wasm\n    sha256: {sha}\n    \
+             pluginConfig: {{ports: []}}\n"
+        );
+        let e = parse_file(&text, Path::new("p.yaml"))
+            .unwrap()
+            .remove(0)
+            .into_entry(&text, &dir)
+            .unwrap();
+        let sh = served(&e).shadow.unwrap();
+        assert_eq!(
+            sh.code,
+            Code::Inline(std::sync::Arc::new(b"\0asm v2".to_vec()))
+        );
+        assert_eq!(sh.config, r#"{"ports":[]}"#);
+        // A wrong pin is refused naming the shadow's field.
+        let bad = text.replace(&sha, &"0".repeat(64));
+        let err = parse_file(&bad, Path::new("p.yaml"))
+            .unwrap()
+            .remove(0)
+            .into_entry(&bad, &dir)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("spec.shadow.sha256: "), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+        // Remote: carried with its pin.
+        let r = served(
+            &entry(&format!(
+                "  shadow: {{url: \"https://plugins.example/p-v2.wasm\", sha256: {}}}\n",
+                "ab".repeat(32)
+            ))
+            .unwrap(),
+        );
+        let sh = r.shadow.unwrap();
+        assert_eq!(sh.sha256, Some("ab".repeat(32)));
+        let Code::Remote(rc) = sh.code else {
+            panic!("remote shadow code expected")
+        };
+        assert_eq!(rc.uri, "https://plugins.example/p-v2.wasm");
+        assert_eq!(sh.config, "");
+    }
+
+    #[test]
+    fn a_shadow_no_node_could_take_is_refused_naming_the_field() {
+        let e = entry("  shadow: {url: \"https://plugins.example/p-v2.wasm\"}\n")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("spec.shadow.sha256: required for https://"),
+            "{e}"
+        );
+        let e = entry("  kind: telemetry\n  shadow: {url: oci://registry.example/p:v2}\n")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("spec.shadow: a telemetry plugin cannot have a shadow"),
+            "{e}"
+        );
+        let e = entry("  shadow: {url: file://missing-v2.wasm}\n")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("spec.shadow.url: cannot read"), "{e}");
+        let e = entry("  shadow: {url: ftp://x/y}\n")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("shadow.url") && e.contains("unsupported URL"),
+            "{e}"
+        );
+        let e = entry("  shadow: {url: oci://registry.example/p:v2, color: red}\n")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("unknown field `color`"), "{e}");
     }
 }

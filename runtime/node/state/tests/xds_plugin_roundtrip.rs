@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use weft_state::xds::encode::plugin::extension_config;
 use weft_state::xds::plugin::{
-    Code, PluginResource, RemoteCode, RetryBackoff, decode_resource_with,
+    Code, PluginResource, RemoteCode, RetryBackoff, ShadowResource, decode_resource_with,
 };
 use weft_state::{FailurePolicy, PluginDirections, PluginKind, PluginRollout, WorkloadSelector};
 
@@ -27,6 +27,7 @@ fn inline() -> PluginResource {
         directions: PluginDirections::default(),
         recheck: true,
         rollout: None,
+        shadow: None,
     }
 }
 
@@ -64,6 +65,7 @@ fn remote() -> PluginResource {
             min_calls: 20,
             disabled: false,
         }),
+        shadow: None,
     }
 }
 
@@ -99,6 +101,132 @@ fn policy_kind_outbound_only_and_disabled_probation_read_back_the_same() {
     });
     r.config = "plain text, not JSON".into();
     assert_eq!(round_trip(&r), r);
+}
+
+#[test]
+fn an_inline_shadow_reads_back_the_same() {
+    let mut r = inline();
+    r.kind = Some(PluginKind::Policy);
+    r.shadow = Some(ShadowResource {
+        code: Code::Inline(Arc::new(b"\0asm the shadow's bytes".to_vec())),
+        sha256: None,
+        config: r#"{"ports":[]}"#.into(),
+    });
+    assert_eq!(round_trip(&r), r);
+    // Without a configuration too.
+    r.shadow = Some(ShadowResource {
+        code: Code::Inline(Arc::new(b"\0asm".to_vec())),
+        sha256: None,
+        config: String::new(),
+    });
+    assert_eq!(round_trip(&r), r);
+}
+
+#[test]
+fn a_remote_shadow_beside_remote_code_reads_back_the_same() {
+    let mut r = remote();
+    r.kind = None;
+    let Code::Remote(serving) = &r.code else {
+        unreachable!()
+    };
+    r.shadow = Some(ShadowResource {
+        code: Code::Remote(RemoteCode {
+            uri: "oci://registry.example/wasm/authz:v3".into(),
+            // The VM's pull secret is the serving code's and the shadow's.
+            pull_secret: serving.pull_secret.clone(),
+            timeout: Some(Duration::from_secs(9)),
+            retries: None,
+            backoff: None,
+        }),
+        sha256: Some("cd".repeat(32)),
+        config: r#"{"ports":[9090]}"#.into(),
+    });
+    assert_eq!(round_trip(&r), r);
+}
+
+#[test]
+fn a_remote_shadow_beside_inline_code_keeps_its_pull_secret() {
+    let mut r = inline();
+    r.shadow = Some(ShadowResource {
+        code: Code::Remote(RemoteCode {
+            uri: "https://plugins.example/allowlist-v2.wasm".into(),
+            timeout: None,
+            retries: Some(2),
+            backoff: None,
+            pull_secret: Some(b"secret".to_vec()),
+        }),
+        sha256: Some("ef".repeat(32)),
+        config: String::new(),
+    });
+    assert_eq!(round_trip(&r), r);
+}
+
+#[test]
+fn a_shadow_on_a_telemetry_plugin_is_refused_naming_the_field() {
+    let mut r = remote();
+    r.shadow = Some(ShadowResource {
+        code: Code::Inline(Arc::new(b"\0asm".to_vec())),
+        sha256: None,
+        config: String::new(),
+    });
+    let any = weft_proto::to_any(
+        weft_proto::type_url::EXTENSION_CONFIG,
+        &extension_config(&r),
+    );
+    let e = decode_resource_with(&r.name, &any, &|_| Ok(())).unwrap_err();
+    assert_eq!(e.field, "typed_config.shadow");
+    assert!(e.reason.contains("telemetry"), "{e}");
+    // Kind from the component: refused when the spec is made.
+    r.kind = None;
+    let decoded = round_trip(&r);
+    let e = decoded
+        .into_spec(
+            Arc::new(b"x".to_vec()),
+            "00".repeat(32),
+            PluginKind::Telemetry,
+            Some((Arc::new(b"y".to_vec()), "11".repeat(32))),
+        )
+        .unwrap_err();
+    assert_eq!(e.field, "typed_config.shadow");
+}
+
+#[test]
+fn a_shadow_is_carried_into_the_spec() {
+    let mut r = inline();
+    r.shadow = Some(ShadowResource {
+        code: Code::Inline(Arc::new(b"\0asm v2".to_vec())),
+        sha256: None,
+        config: "deny all".into(),
+    });
+    let spec = round_trip(&r)
+        .into_spec(
+            Arc::new(b"\0asm component bytes".to_vec()),
+            "00".repeat(32),
+            PluginKind::Policy,
+            Some((Arc::new(b"\0asm v2".to_vec()), "22".repeat(32))),
+        )
+        .unwrap();
+    let shadow = spec.shadow.unwrap();
+    assert_eq!(shadow.sha256.as_deref(), Some("22".repeat(32).as_str()));
+    assert_eq!(shadow.config, "deny all");
+    assert_eq!(
+        shadow.source,
+        weft_state::PluginSource::Inline(Arc::new(b"\0asm v2".to_vec()))
+    );
+}
+
+#[test]
+fn a_shadow_without_code_is_refused_naming_the_field() {
+    let mut r = inline();
+    r.kind = Some(PluginKind::Policy);
+    let mut tec = extension_config(&r);
+    let any = tec.typed_config.as_mut().unwrap();
+    let mut wp: weft_proto::weft::plugin::v1::WeftPlugin =
+        prost::Message::decode(any.value.as_slice()).unwrap();
+    wp.shadow = Some(weft_proto::weft::plugin::v1::Shadow::default());
+    any.value = prost::Message::encode_to_vec(&wp);
+    let e = weft_state::xds::plugin::decode_with(&r.name, &tec, &|_| Ok(())).unwrap_err();
+    assert_eq!(e.field, "typed_config.shadow.code");
 }
 
 #[test]

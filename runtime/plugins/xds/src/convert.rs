@@ -27,12 +27,22 @@ pub fn decode(name: &str, tec: &TypedExtensionConfig) -> Result<PluginResource, 
 
 /// The fetch request for a resource's remote code (`None`: the code is inline).
 pub fn fetch_request(r: &PluginResource) -> Option<weft_fetch::Request> {
-    let Code::Remote(remote) = &r.code else {
+    request(&r.code, r.sha256.as_ref())
+}
+
+/// The fetch request for a resource's remote shadow code (`None`: no shadow, or its code is inline).
+pub fn shadow_fetch_request(r: &PluginResource) -> Option<weft_fetch::Request> {
+    let s = r.shadow.as_ref()?;
+    request(&s.code, s.sha256.as_ref())
+}
+
+fn request(code: &Code, sha256: Option<&String>) -> Option<weft_fetch::Request> {
+    let Code::Remote(remote) = code else {
         return None;
     };
     Some(weft_fetch::Request {
         uri: remote.uri.clone(),
-        sha256: r.sha256.clone(),
+        sha256: sha256.cloned(),
         timeout: remote.timeout,
         retries: remote.retries,
         backoff: remote.backoff.map(|b| weft_fetch::Backoff {

@@ -12,7 +12,7 @@ use weft_fetch::Fetcher;
 use weft_plugin_host::{Outcome, PluginHost};
 use weft_state::PluginSpec;
 
-use crate::convert::{decode_resource, fetch_request};
+use crate::convert::{decode_resource, fetch_request, shadow_fetch_request};
 use weft_state::xds::plugin::{Code, PluginResource};
 
 /// Where accepted plugin specs go: the node's state (as a source of its own). `put` applies the removals and the
@@ -107,6 +107,35 @@ impl EcdsHandler {
                 (f.bytes, f.sha256)
             }
         };
+        // The shadow's code, fetched and verified exactly as the serving code (inline: as is, its sha256 checked
+        // against a pin if the resource has one).
+        let shadow = match &res.shadow {
+            None => None,
+            Some(s) => match &s.code {
+                Code::Inline(b) => {
+                    let sha = weft_fetch::sha256_hex(b);
+                    if let Some(want) = &s.sha256
+                        && *want != sha
+                    {
+                        return Err(refused(
+                            &r.name,
+                            format!("shadow code: sha256 {sha} is not the pinned {want}"),
+                        ));
+                    }
+                    Some((b.clone(), sha))
+                }
+                Code::Remote(_) => {
+                    let req = shadow_fetch_request(&res)
+                        .ok_or_else(|| refused(&r.name, "no fetch request for the shadow"))?;
+                    let f = self
+                        .fetcher
+                        .fetch(&req)
+                        .await
+                        .map_err(|e| refused(&r.name, format!("fetching shadow code: {e}")))?;
+                    Some((f.bytes, f.sha256))
+                }
+            },
+        };
         // Compiled, world and imports checked before the state sees it: a broken resource is NACKed and never
         // takes effect.
         let kind = {
@@ -118,7 +147,19 @@ impl EcdsHandler {
                 .map_err(|e| refused(&r.name, format!("inspecting the component: {e}")))?
                 .map_err(|e| refused(&r.name, format!("code: {e}")))?
         };
-        Ok(res.into_spec(bytes, sha, kind))
+        let shadow_code = shadow.as_ref().map(|(b, _)| b.clone());
+        let spec = res
+            .into_spec(bytes, sha, kind, shadow)
+            .map_err(|e| refused(&r.name, e))?;
+        // The shadow is compiled and checked the same way, as the serving version's kind.
+        if let Some(code) = shadow_code {
+            let host = self.host.clone();
+            tokio::task::spawn_blocking(move || host.check_component(&code, Some(kind)))
+                .await
+                .map_err(|e| refused(&r.name, format!("inspecting the shadow component: {e}")))?
+                .map_err(|e| refused(&r.name, format!("shadow code: {e}")))?;
+        }
+        Ok(spec)
     }
 
     /// Applies one response (upserts and removals); returns the refused resources (empty: ACK). Returns only once

@@ -10,9 +10,10 @@ pub mod convert;
 pub mod handler;
 pub mod report;
 
-pub use convert::{decode, decode_resource, fetch_request};
+pub use convert::{decode, decode_resource, fetch_request, shadow_fetch_request};
 pub use handler::{EcdsHandler, PluginSink, Refused, Resource};
 pub use report::{Nack, rollback_report, spawn_rollback_reporter};
 pub use weft_state::xds::plugin::{
     Code, ConvertError, ISTIO_PULL_SECRET_ENV, PluginResource, RemoteCode, RetryBackoff,
+    ShadowResource,
 };

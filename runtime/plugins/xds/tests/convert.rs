@@ -124,6 +124,7 @@ fn a_weft_plugin_carries_everything() {
             disabled: false,
         }),
         recheck: Some(false),
+        shadow: None,
     };
     let r = decode_resource(
         "authz",

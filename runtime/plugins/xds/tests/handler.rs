@@ -309,3 +309,107 @@ async fn a_rollback_is_nacked_with_a_rollback_report_and_the_state_restored() {
     assert!(allowed(&n.host, 666));
     let _ = &n.clock;
 }
+
+/// A WeftPlugin resource with inline code and an inline shadow.
+fn shadowed_resource(name: &str, bytes: &[u8], json: &str, shadow_json: &str) -> Resource {
+    let wp = weft::WeftPlugin {
+        config: Some(plugin_config(
+            core::data_source::Specifier::InlineBytes(bytes.to_vec()),
+            json,
+        )),
+        shadow: Some(weft::Shadow {
+            code: Some(core::AsyncDataSource {
+                specifier: Some(core::async_data_source::Specifier::Local(
+                    core::DataSource {
+                        specifier: Some(core::data_source::Specifier::InlineBytes(bytes.to_vec())),
+                    },
+                )),
+            }),
+            configuration: Some(config_any(shadow_json)),
+        }),
+        ..Default::default()
+    };
+    resource(name, weft_proto::to_any(type_url::WEFT_PLUGIN, &wp))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_is_carried_into_the_state_and_decides_beside_the_serving_version() {
+    let n = node();
+    let allowlist = code(&build_plugin("plugins/port-allowlist").unwrap());
+    let refused = n
+        .handler
+        .apply(
+            vec![shadowed_resource(
+                "ports",
+                &allowlist,
+                r#"{"ports": [80]}"#,
+                r#"{"ports": [81]}"#,
+            )],
+            vec![],
+        )
+        .await;
+    assert!(refused.is_empty(), "{refused:?}");
+    let spec = n.state.current().plugins["ports"].clone();
+    let shadow = spec.shadow.clone().unwrap();
+    assert_eq!(shadow.config, r#"{"ports": [81]}"#);
+    assert_eq!(shadow.sha256, Some(weft_fetch::sha256_hex(&allowlist)));
+    // The serving verdict is enforced; the shadow's is booked.
+    assert!(allowed(&n.host, 80));
+    let r = weft_testkit::eventually("the shadow's decision booked", || {
+        std::future::ready(n.host.shadow_report("ports").filter(|r| {
+            r.decisions
+                .iter()
+                .any(|c| c.serving == "allow" && c.shadow == "deny" && c.count >= 1)
+        }))
+    })
+    .await;
+    assert_eq!(r.sha256, Some(weft_fetch::sha256_hex(&allowlist)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_whose_code_does_not_load_or_on_a_telemetry_plugin_is_refused() {
+    let n = node();
+    let allowlist = code(&build_plugin("plugins/port-allowlist").unwrap());
+    let telemetry = code(&build_plugin("plugins/conn-counter").unwrap());
+    let mut garbage = shadowed_resource("garbage", &allowlist, r#"{"ports": [80]}"#, "{}");
+    {
+        let tec: core::TypedExtensionConfig =
+            prost::Message::decode(garbage.any.value.as_slice()).unwrap();
+        let mut wp: weft::WeftPlugin =
+            prost::Message::decode(tec.typed_config.unwrap().value.as_slice()).unwrap();
+        wp.shadow.as_mut().unwrap().code = Some(core::AsyncDataSource {
+            specifier: Some(core::async_data_source::Specifier::Local(
+                core::DataSource {
+                    specifier: Some(core::data_source::Specifier::InlineBytes(
+                        b"\0asm\x01\0\0\0 not a component".to_vec(),
+                    )),
+                },
+            )),
+        });
+        garbage = resource("garbage", weft_proto::to_any(type_url::WEFT_PLUGIN, &wp));
+    }
+    let refused = n
+        .handler
+        .apply(
+            vec![
+                garbage,
+                shadowed_resource("counter", &telemetry, "{}", "{}"),
+            ],
+            vec![],
+        )
+        .await;
+    let reasons: BTreeMap<&str, &str> = refused
+        .iter()
+        .map(|r| (r.name.as_str(), r.reason.as_str()))
+        .collect();
+    assert_eq!(reasons.len(), 2, "{refused:?}");
+    assert!(
+        reasons["garbage"].starts_with("shadow code: "),
+        "{refused:?}"
+    );
+    assert!(
+        reasons["counter"].contains("typed_config.shadow: a telemetry plugin cannot have a shadow"),
+        "{refused:?}"
+    );
+    assert!(n.state.current().plugins.is_empty());
+}

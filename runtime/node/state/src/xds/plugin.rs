@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::{
-    FailurePolicy, PluginDirections, PluginKind, PluginRollout, PluginSource, PluginSpec,
-    WorkloadSelector,
+    FailurePolicy, PluginDirections, PluginKind, PluginRollout, PluginShadow, PluginSource,
+    PluginSpec, WorkloadSelector,
 };
 use weft_proto::envoy::config::core::v3::{self as core, TypedExtensionConfig};
 use weft_proto::envoy::extensions::filters::network::wasm::v3::Wasm;
@@ -101,12 +101,58 @@ pub struct PluginResource {
     pub recheck: bool,
     /// Probation; `None`: the node's defaults.
     pub rollout: Option<PluginRollout>,
+    /// A shadow version (policy plugins only), from the WeftPlugin's `shadow`.
+    pub shadow: Option<ShadowResource>,
 }
 
+/// The shadow version of a plugin resource, before its code is fetched: code and configuration; the rest is the
+/// serving version's. A remote shadow's pull secret is the serving `vm_config`'s.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShadowResource {
+    /// The shadow's code.
+    pub code: Code,
+    /// Expected sha256 of the shadow's code (lowercase hex), if the resource pins it.
+    pub sha256: Option<String>,
+    /// What the shadow's `configure()` gets.
+    pub config: String,
+}
+
+/// The field a shadow's refusals are under.
+pub const SHADOW_FIELD: &str = "typed_config.shadow";
+
 impl PluginResource {
-    /// The spec for verified code `bytes` (sha256 `sha256`) of kind `kind` (the resource's, else the component's).
-    pub fn into_spec(self, bytes: Arc<Vec<u8>>, sha256: String, kind: PluginKind) -> PluginSpec {
-        PluginSpec {
+    /// The spec for verified code `bytes` (sha256 `sha256`) of kind `kind` (the resource's, else the component's),
+    /// with the shadow's verified code `shadow` (its bytes and sha256) when the resource has a shadow. Refused: a
+    /// shadow on a telemetry plugin (only policy verdicts are compared), a shadow without its code.
+    pub fn into_spec(
+        self,
+        bytes: Arc<Vec<u8>>,
+        sha256: String,
+        kind: PluginKind,
+        shadow: Option<(Arc<Vec<u8>>, String)>,
+    ) -> Result<PluginSpec, ConvertError> {
+        let shadow = match (self.shadow, shadow) {
+            (None, None) => None,
+            (None, Some(_)) => {
+                return Err(err(
+                    SHADOW_FIELD,
+                    "shadow code given for a resource without a shadow",
+                ));
+            }
+            (Some(_), None) => return Err(err(format!("{SHADOW_FIELD}.code"), "not fetched")),
+            (Some(_), Some(_)) if kind == PluginKind::Telemetry => {
+                return Err(err(
+                    SHADOW_FIELD,
+                    "a telemetry plugin cannot have a shadow (only policy plugins are shadowed)",
+                ));
+            }
+            (Some(s), Some((bytes, sha))) => Some(Arc::new(PluginShadow {
+                source: PluginSource::Inline(bytes),
+                sha256: Some(sha),
+                config: s.config,
+            })),
+        };
+        Ok(PluginSpec {
             name: self.name,
             kind,
             source: PluginSource::Inline(bytes),
@@ -118,8 +164,8 @@ impl PluginResource {
             directions: self.directions,
             recheck: self.recheck,
             rollout: self.rollout,
-            shadow: None,
-        }
+            shadow,
+        })
     }
 }
 
@@ -193,6 +239,7 @@ pub fn decode_with(
         }
     };
     let (code, sha256) = code(&config, prefix, check_uri)?;
+    let pull_secret = pull_secret(&config);
     let plugin_config = configuration(
         config.configuration.as_ref(),
         &format!("{prefix}.configuration"),
@@ -211,11 +258,48 @@ pub fn decode_with(
         directions: PluginDirections::default(),
         recheck: true,
         rollout: None,
+        shadow: None,
     };
     if let Some(wp) = extra {
         weft_fields(&wp, &mut r)?;
+        if let Some(sh) = &wp.shadow {
+            if r.kind == Some(PluginKind::Telemetry) {
+                return Err(err(
+                    SHADOW_FIELD,
+                    "a telemetry plugin cannot have a shadow (only policy plugins are shadowed)",
+                ));
+            }
+            let (code, sha256) = code_source(
+                sh.code.as_ref(),
+                &format!("{SHADOW_FIELD}.code"),
+                pull_secret,
+                check_uri,
+            )?;
+            let config = configuration(
+                sh.configuration.as_ref(),
+                &format!("{SHADOW_FIELD}.configuration"),
+            )?;
+            r.shadow = Some(ShadowResource {
+                code,
+                sha256,
+                config,
+            });
+        }
     }
     Ok(r)
+}
+
+/// Istio's pull secret from `vm_config.environment_variables`.
+fn pull_secret(config: &PluginConfig) -> Option<Vec<u8>> {
+    use weft_proto::envoy::extensions::wasm::v3::plugin_config::Vm;
+    let Some(Vm::VmConfig(vm)) = &config.vm else {
+        return None;
+    };
+    vm.environment_variables
+        .as_ref()
+        .and_then(|e| e.key_values.get(ISTIO_PULL_SECRET_ENV))
+        .filter(|s| !s.is_empty())
+        .map(|s| s.as_bytes().to_vec())
 }
 
 fn code(
@@ -223,24 +307,34 @@ fn code(
     prefix: &str,
     check_uri: &dyn Fn(&str) -> Result<(), String>,
 ) -> Result<(Code, Option<String>), ConvertError> {
-    use core::async_data_source::Specifier as Async;
-    use core::data_source::Specifier as Local;
     use weft_proto::envoy::extensions::wasm::v3::plugin_config::Vm;
     let vm = match &config.vm {
         Some(Vm::VmConfig(vm)) => vm,
         None => return Err(err(format!("{prefix}.vm_config"), "missing")),
     };
-    let field = format!("{prefix}.vm_config.code");
-    let source = vm
-        .code
-        .as_ref()
-        .and_then(|c| c.specifier.as_ref())
-        .ok_or_else(|| {
-            err(
-                &field,
-                "missing (inline bytes or a remote https:// / oci:// URI)",
-            )
-        })?;
+    code_source(
+        vm.code.as_ref(),
+        &format!("{prefix}.vm_config.code"),
+        pull_secret(config),
+        check_uri,
+    )
+}
+
+/// An `AsyncDataSource` (at `field`) as code; `pull_secret` goes with remote code.
+fn code_source(
+    code: Option<&core::AsyncDataSource>,
+    field: &str,
+    pull_secret: Option<Vec<u8>>,
+    check_uri: &dyn Fn(&str) -> Result<(), String>,
+) -> Result<(Code, Option<String>), ConvertError> {
+    use core::async_data_source::Specifier as Async;
+    use core::data_source::Specifier as Local;
+    let source = code.and_then(|c| c.specifier.as_ref()).ok_or_else(|| {
+        err(
+            field,
+            "missing (inline bytes or a remote https:// / oci:// URI)",
+        )
+    })?;
     match source {
         Async::Local(local) => match &local.specifier {
             Some(Local::InlineBytes(b)) if !b.is_empty() => {
@@ -336,12 +430,6 @@ fn code(
                     (p.num_retries.map(|n| n.min(10)), backoff)
                 }
             };
-            let pull_secret = vm
-                .environment_variables
-                .as_ref()
-                .and_then(|e| e.key_values.get(ISTIO_PULL_SECRET_ENV))
-                .filter(|s| !s.is_empty())
-                .map(|s| s.as_bytes().to_vec());
             Ok((
                 Code::Remote(RemoteCode {
                     uri: http.uri.trim().to_string(),

@@ -42,28 +42,39 @@ fn remote(rc: &RemoteCode, sha256: Option<&str>) -> core::RemoteDataSource {
     }
 }
 
-/// The ECDS resource for `r`.
-pub fn extension_config(r: &PluginResource) -> core::TypedExtensionConfig {
-    let (code, env) = match &r.code {
-        Code::Inline(bytes) => (
-            core::async_data_source::Specifier::Local(core::DataSource {
+fn source(code: &Code, sha256: Option<&str>) -> core::AsyncDataSource {
+    core::AsyncDataSource {
+        specifier: Some(match code {
+            Code::Inline(bytes) => core::async_data_source::Specifier::Local(core::DataSource {
                 specifier: Some(core::data_source::Specifier::InlineBytes(bytes.to_vec())),
             }),
-            None,
-        ),
-        Code::Remote(rc) => (
-            core::async_data_source::Specifier::Remote(remote(rc, r.sha256.as_deref())),
-            rc.pull_secret.as_ref().map(|s| wasm::EnvironmentVariables {
-                key_values: [(
-                    ISTIO_PULL_SECRET_ENV.to_owned(),
-                    String::from_utf8_lossy(s).into_owned(),
-                )]
-                .into_iter()
-                .collect(),
-                ..Default::default()
-            }),
-        ),
-    };
+            Code::Remote(rc) => core::async_data_source::Specifier::Remote(remote(rc, sha256)),
+        }),
+    }
+}
+
+fn pull_secret(code: &Code) -> Option<&Vec<u8>> {
+    match code {
+        Code::Inline(_) => None,
+        Code::Remote(rc) => rc.pull_secret.as_ref(),
+    }
+}
+
+/// The ECDS resource for `r`. The VM's environment carries one pull secret: the serving code's, else a remote
+/// shadow's (a node reads it for both).
+pub fn extension_config(r: &PluginResource) -> core::TypedExtensionConfig {
+    let code = source(&r.code, r.sha256.as_deref());
+    let env = pull_secret(&r.code)
+        .or_else(|| r.shadow.as_ref().and_then(|s| pull_secret(&s.code)))
+        .map(|s| wasm::EnvironmentVariables {
+            key_values: [(
+                ISTIO_PULL_SECRET_ENV.to_owned(),
+                String::from_utf8_lossy(s).into_owned(),
+            )]
+            .into_iter()
+            .collect(),
+            ..Default::default()
+        });
     let failure_policy = match r.failure_policy {
         FailurePolicy::FailClosed => wasm::FailurePolicy::FailClosed,
         FailurePolicy::FailOpen => wasm::FailurePolicy::FailOpen,
@@ -72,9 +83,7 @@ pub fn extension_config(r: &PluginResource) -> core::TypedExtensionConfig {
         name: r.name.clone(),
         root_id: r.root_id.clone(),
         vm: Some(wasm::plugin_config::Vm::VmConfig(wasm::VmConfig {
-            code: Some(core::AsyncDataSource {
-                specifier: Some(code),
-            }),
+            code: Some(code),
             environment_variables: env,
             ..Default::default()
         })),
@@ -106,6 +115,11 @@ pub fn extension_config(r: &PluginResource) -> core::TypedExtensionConfig {
             disabled: ro.disabled,
         }),
         recheck: Some(r.recheck),
+        shadow: r.shadow.as_ref().map(|s| pb::Shadow {
+            code: Some(source(&s.code, s.sha256.as_deref())),
+            configuration: (!s.config.is_empty())
+                .then(|| weft_proto::to_any(type_url::STRING_VALUE, &s.config)),
+        }),
     };
     core::TypedExtensionConfig {
         name: r.name.clone(),
