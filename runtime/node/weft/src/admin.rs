@@ -70,10 +70,60 @@ impl Node {
             quit,
             needs_file: config.config.is_some(),
             xds: sources.xds.clone(),
-            plugins: Box::new(move || serde_json::to_value(host.status()).unwrap_or_default()),
+            plugins: Box::new(move || plugins_dump(&host)),
             unenforced_policies: Box::new(move || unenforced.unenforced_policies()),
         }
     }
+}
+
+/// The plugins section of `/config_dump`: each plugin's status, and a `shadow` object for a plugin with a shadow
+/// version (what `PluginHost::shadow_report` says).
+fn plugins_dump(host: &PluginHost) -> serde_json::Value {
+    let mut v = serde_json::to_value(host.status()).unwrap_or_default();
+    if let Some(list) = v.as_array_mut() {
+        for entry in list {
+            let report = entry
+                .get("name")
+                .and_then(|n| n.as_str())
+                .and_then(|n| host.shadow_report(n));
+            if let (Some(r), Some(obj)) = (report, entry.as_object_mut()) {
+                obj.insert("shadow".into(), shadow_json(&r));
+            }
+        }
+    }
+    v
+}
+
+/// A shadow report as `/config_dump` shows it: the shadow's sha256 (or why it did not load), decisions per
+/// (direction, serving verdict, shadow verdict), skipped decisions, and the divergence samples (oldest first).
+fn shadow_json(r: &weft_plugin_host::ShadowReport) -> serde_json::Value {
+    json!({
+        "sha256": r.sha256,
+        "loadError": r.load_error,
+        "decisions": r.decisions.iter().map(|c| json!({
+            "direction": c.direction,
+            "serving": c.serving,
+            "shadow": c.shadow,
+            "count": c.count,
+        })).collect::<Vec<_>>(),
+        "divergences": r.decisions.iter().filter(|c| c.serving != c.shadow).map(|c| c.count).sum::<u64>(),
+        "skipped": r.skipped,
+        "samplesDropped": r.samples_dropped,
+        "samples": r.samples.iter().map(|s| json!({
+            "conn": s.conn,
+            "direction": s.direction,
+            "src": s.src.to_string(),
+            "dst": s.dst.to_string(),
+            "dstPort": s.dst.port(),
+            "srcIdentity": s.src_identity,
+            "srcWorkload": s.src_workload,
+            "dstWorkload": s.dst_workload,
+            "serving": s.serving,
+            "servingReason": s.serving_reason,
+            "shadow": s.shadow,
+            "shadowReason": s.shadow_reason,
+        })).collect::<Vec<_>>(),
+    })
 }
 
 /// The node's metrics: the registry `/stats/prometheus` encodes and the metrics the data path updates.
@@ -323,5 +373,56 @@ impl Collector for NodeCollector {
         )?;
         ConstGauge::new(i64::try_from(self.state.version()).unwrap_or(i64::MAX)).encode(m)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod shadow_dump_tests {
+    #![allow(clippy::unwrap_used)] // test code: a panic fails the test
+
+    use weft_plugin_host::{DivergenceSample, ShadowCount, ShadowReport};
+
+    #[test]
+    fn a_shadow_report_shows_counts_divergences_and_samples() {
+        let r = ShadowReport {
+            sha256: Some("ab".repeat(32)),
+            load_error: None,
+            decisions: vec![
+                ShadowCount {
+                    direction: "inbound",
+                    serving: "allow",
+                    shadow: "deny",
+                    count: 3,
+                },
+                ShadowCount {
+                    direction: "inbound",
+                    serving: "allow",
+                    shadow: "allow",
+                    count: 5,
+                },
+            ],
+            skipped: 1,
+            samples_dropped: 0,
+            samples: vec![DivergenceSample {
+                conn: 7,
+                direction: "inbound",
+                src: "10.0.0.1:40000".parse().unwrap(),
+                dst: "10.0.0.2:8080".parse().unwrap(),
+                src_identity: Some("spiffe://cluster.local/ns/a/sa/b".into()),
+                src_workload: Some("a/b".into()),
+                dst_workload: None,
+                serving: "allow",
+                serving_reason: None,
+                shadow: "deny",
+                shadow_reason: Some("port 8080 not allowed".into()),
+            }],
+        };
+        let v = super::shadow_json(&r);
+        assert_eq!(v["divergences"], 3);
+        assert_eq!(v["skipped"], 1);
+        assert_eq!(v["decisions"][0]["shadow"], "deny");
+        assert_eq!(v["samples"][0]["dstPort"], 8080);
+        assert_eq!(v["samples"][0]["shadowReason"], "port 8080 not allowed");
+        assert_eq!(v["sha256"], "ab".repeat(32));
     }
 }
