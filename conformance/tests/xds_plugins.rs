@@ -2,7 +2,8 @@
 //! or pulled by the nodes from a real OCI registry) to two real `weft run` processes over TLS. A pushed plugin runs
 //! on both nodes and changes the verdict of the next connection; a broken one is NACKed with its reason while the
 //! rest of the batch applies and a live connection keeps flowing; a pinned sha256 that does not match the pulled
-//! image is refused; a new version that starts trapping is rolled back and reported, a healthy one is not.
+//! image is refused; a new version that starts trapping is rolled back and reported, a healthy one is not; a shadow
+//! version that would deny what the serving one allows changes no verdict and its divergences show on the node.
 #![allow(clippy::unwrap_used)] // a test panics to fail
 
 use std::net::{IpAddr, SocketAddr};
@@ -449,4 +450,89 @@ async fn a_version_that_starts_trapping_is_rolled_back_and_reported_a_healthy_on
     );
     // 666 is allowed again by the restored version (the dial then fails: nothing listens), and 8080 flows.
     echo_once(&mesh.a, a, echo).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_that_would_deny_changes_no_verdict_and_its_divergences_show_on_the_node() {
+    let a = Addrs { n: 180 };
+    let allow = wasm("port-allowlist");
+    let (mesh, dir) = plugin_mesh(a, vec![]).await;
+    let echo = SocketAddr::new(IpAddr::V4(a.echo()), 8080);
+
+    // Serving: 8080 allowed. Shadow: the same code allowing only 9999 (so it would deny 8080).
+    put_code(&dir, "allowlist.wasm", &allow);
+    put(
+        &dir,
+        "allowlist.yaml",
+        &weft_plugin(
+            "allowlist",
+            "file://allowlist.wasm",
+            "{ports: [8080]}",
+            "  shadow:\n    url: file://allowlist.wasm\n    pluginConfig: {ports: [9999]}\n",
+        ),
+    );
+    let sha = sha256_of(&allow);
+    for node in [&mesh.a, &mesh.b] {
+        let d = until_serving(node, "allowlist", &sha).await;
+        assert!(
+            plugin(&d, "allowlist").unwrap()["shadow"].is_object(),
+            "the shadow is loaded beside the serving version: {d}"
+        );
+    }
+    // The serving verdict is what the connections get: all succeed.
+    for _ in 0..3 {
+        echo_once(&mesh.a, a, echo).await.unwrap();
+    }
+    // The destination node (B, inbound) counted the divergences and sampled one naming the port.
+    let d = until_dump(&mesh.b, "3 divergences (serving allow, shadow deny)", |d| {
+        plugin(d, "allowlist").is_some_and(|p| {
+            p["shadow"]["decisions"].as_array().is_some_and(|c| {
+                c.iter().any(|c| {
+                    c["direction"] == "inbound"
+                        && c["serving"] == "allow"
+                        && c["shadow"] == "deny"
+                        && c["count"].as_u64().is_some_and(|n| n >= 3)
+                })
+            })
+        })
+    })
+    .await;
+    let shadow = &plugin(&d, "allowlist").unwrap()["shadow"];
+    assert_eq!(shadow["sha256"], sha.as_str(), "{shadow}");
+    assert_eq!(shadow["skipped"], 0, "{shadow}");
+    let sample = shadow["samples"]
+        .as_array()
+        .and_then(|s| s.last())
+        .unwrap_or_else(|| panic!("no divergence sample: {shadow}"));
+    assert_eq!(sample["serving"], "allow", "{sample}");
+    assert_eq!(sample["shadow"], "deny", "{sample}");
+    assert_eq!(sample["dstPort"], 8080, "{sample}");
+    assert!(
+        sample["shadowReason"]
+            .as_str()
+            .is_some_and(|r| r.contains("port 8080")),
+        "{sample}"
+    );
+    assert!(
+        plugin(&d, "allowlist").unwrap()["denials"].as_u64() == Some(0),
+        "the serving version denied nothing: {d}"
+    );
+    // And as metrics.
+    let text = mesh.b.scrape().await.unwrap();
+    let line = text
+        .lines()
+        .find(|l| {
+            l.starts_with("weft_plugin_shadow_decisions_total{")
+                && l.contains(r#"plugin="allowlist""#)
+                && l.contains(r#"direction="inbound""#)
+                && l.contains(r#"serving="allow""#)
+                && l.contains(r#"shadow="deny""#)
+        })
+        .unwrap_or_else(|| panic!("no shadow decisions series: {text}"));
+    let n: f64 = line
+        .rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    assert!(n >= 3.0, "{line}");
 }
