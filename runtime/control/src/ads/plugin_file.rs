@@ -350,15 +350,39 @@ fn located(file: &Path, err: &serde_yaml::Error) -> ConfigError {
     }
 }
 
-/// The line of the `n`th (0-based) `key:` in `text`, for errors found after parsing (a code file that cannot be
-/// read or does not match its sha256).
+/// The line of the `n`th (0-based) `key:` in `text` outside `shadow:` blocks, for errors found after parsing (a code
+/// file that cannot be read or does not match its sha256). `shadow` itself: the first `shadow:` after the `n`th
+/// `metadata:` (not every document has one).
 fn line_of(text: &str, key: &str, n: usize) -> Option<usize> {
+    let is_key = |l: &str, key: &str| {
+        l.trim_start()
+            .strip_prefix(key)
+            .is_some_and(|r| r.starts_with(':'))
+    };
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    if key == "shadow" {
+        let from = line_of(text, "metadata", n)?;
+        return text
+            .lines()
+            .enumerate()
+            .skip(from)
+            .find(|(_, l)| is_key(l, "shadow"))
+            .map(|(i, _)| i + 1);
+    }
+    let mut shadow_indent: Option<usize> = None;
     text.lines()
         .enumerate()
         .filter(|(_, l)| {
-            l.trim_start()
-                .strip_prefix(key)
-                .is_some_and(|r| r.starts_with(':'))
+            if let Some(i) = shadow_indent {
+                if l.trim().is_empty() || indent(l) > i {
+                    return false;
+                }
+                shadow_indent = None;
+            }
+            if is_key(l, "shadow") {
+                shadow_indent = Some(indent(l));
+            }
+            is_key(l, key)
         })
         .nth(n)
         .map(|(i, _)| i + 1)
@@ -747,5 +771,32 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(e.contains("unknown field `color`"), "{e}");
+    }
+
+    #[test]
+    fn errors_point_at_the_line_of_their_document_past_a_shadow() {
+        let text = "apiVersion: weft.dev/v1alpha1\nkind: WeftPlugin\nmetadata:\n  name: a\nspec:\n  \
+                    url: oci://registry.example/a:v1\n  shadow:\n    url: oci://registry.example/a:v2\n    \
+                    sha256: {sha}\n---\napiVersion: weft.dev/v1alpha1\nkind: WeftPlugin\nmetadata:\n  name: b\n\
+                    spec:\n  url: https://plugins.example/b.wasm\n  shadow:\n    url: file://missing.wasm\n"
+            .replace("{sha}", &"ab".repeat(32));
+        let mut parsed = parse_file(&text, Path::new("p.yaml")).unwrap();
+        let b = parsed.remove(1);
+        let line = |e: ConfigError| match e {
+            ConfigError::Invalid { line, message, .. } => (line, message),
+            other => panic!("{other}"),
+        };
+        // spec.url of document b (its sha256 is missing) is line 16, not the shadow's url of document a.
+        let (l, m) = line(b.into_entry(&text, Path::new(".")).err().unwrap());
+        assert_eq!(l, Some(16), "{m}");
+        // The shadow of document b: its `shadow:` line.
+        let fixed = text.replace(
+            "url: https://plugins.example/b.wasm",
+            "url: oci://registry.example/b:v1",
+        );
+        let b = parse_file(&fixed, Path::new("p.yaml")).unwrap().remove(1);
+        let (l, m) = line(b.into_entry(&fixed, Path::new(".")).err().unwrap());
+        assert!(m.contains("spec.shadow.url: cannot read"), "{m}");
+        assert_eq!(l, Some(17), "{m}");
     }
 }
