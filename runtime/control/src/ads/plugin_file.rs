@@ -333,23 +333,6 @@ impl<'de> Deserialize<'de> for DurationText {
     }
 }
 
-fn located(file: &Path, err: &serde_yaml::Error) -> ConfigError {
-    let location = err.location();
-    let mut message = err.to_string();
-    if let Some(loc) = &location {
-        let suffix = format!(" at line {} column {}", loc.line(), loc.column());
-        if let Some(stripped) = message.strip_suffix(&suffix) {
-            message = stripped.to_owned();
-        }
-    }
-    ConfigError::Invalid {
-        file: file.to_path_buf(),
-        line: location.as_ref().map(|l| l.line()),
-        column: location.as_ref().map(|l| l.column()),
-        message,
-    }
-}
-
 /// The line of the `n`th (0-based) `key:` in `text` outside `shadow:` blocks, for errors found after parsing (a code
 /// file that cannot be read or does not match its sha256). `shadow` itself: the first `shadow:` after the `n`th
 /// `metadata:` (not every document has one).
@@ -404,7 +387,8 @@ pub struct ParsedPlugin {
 pub fn parse_file(text: &str, file: &Path) -> Result<Vec<ParsedPlugin>, ConfigError> {
     let mut out = Vec::new();
     for (index, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let value: Option<Document> = Option::deserialize(doc).map_err(|e| located(file, &e))?;
+        let value: Option<Document> =
+            Option::deserialize(doc).map_err(|e| ConfigError::from_yaml(file, &e))?;
         if let Some(d) = value {
             out.push(ParsedPlugin {
                 name: d.metadata.name.0,

@@ -47,7 +47,7 @@ impl ConfigError {
     }
 
     /// Convert a serde_yaml error, moving its position out of the message into `line` and `column`.
-    pub(crate) fn from_yaml(file: &Path, err: &serde_yaml::Error) -> Self {
+    pub fn from_yaml(file: &Path, err: &serde_yaml::Error) -> Self {
         let location = err.location();
         let mut message = err.to_string();
         if let Some(loc) = &location {
