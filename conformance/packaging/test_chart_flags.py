@@ -112,9 +112,11 @@ def test_both_modes(render, run_cli, mode):
     check(render({"mode": mode}).container(), "run", run_cli)
 
 
-def test_control_args_are_weft_control_flags(render):
+# control-plane is the WeftPlugin controller (--plugins-from-kube, POD_NAME, ...), control-plane-configmap the files.
+@pytest.mark.parametrize("variant", ["control-plane", "control-plane-configmap", "control-plane-scoped"])
+def test_control_args_are_weft_control_flags(render, variant):
     cli = parse_help(run_help("control"))
-    dep = render(VARIANTS["control-plane"]).one("Deployment")
+    dep = render(VARIANTS[variant]).one("Deployment")
     (container,) = dep["spec"]["template"]["spec"]["containers"]
     check(container, "control", cli)
 

@@ -51,9 +51,13 @@ def test_no_number_in_scientific_notation(render, variant):
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_every_object_is_namespaced_to_the_release_or_cluster_scoped(render, variant):
     cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
+    # The one exception: weft-control's Roles for reading pull Secrets in the namespaces the operator lists.
+    elsewhere = set(VARIANTS[variant].get("control", {}).get("plugins", {}).get("pullSecretNamespaces", []))
     for obj in render(VARIANTS[variant]).objects:
         if obj["kind"] in cluster_scoped:
             assert "namespace" not in obj["metadata"]
+        elif obj["kind"] in {"Role", "RoleBinding"} and obj["metadata"]["namespace"] in elsewhere:
+            assert obj["metadata"]["name"].endswith("-pull-secrets"), obj["metadata"]
         else:
             assert obj["metadata"]["namespace"] == NAMESPACE, obj["metadata"]
 

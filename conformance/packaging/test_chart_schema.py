@@ -45,7 +45,7 @@ BAD = {
     "trial with a control plane": (
         {
             "trial": {"enabled": True, "node": "n1", "caSecretName": "ca"},
-            "control": {"enabled": True, "pluginsConfigMap": "p", "tls": {"secretName": "t"}},
+            "control": {"enabled": True, "tls": {"secretName": "t"}},
         },
         "/control/enabled",
     ),
@@ -73,13 +73,41 @@ BAD = {
     "pod label value too long": ({"podLabels": {"a": "x" * 64}}, "/podLabels/a"),
     "toleration operator": ({"tolerations": [{"operator": "Maybe"}]}, "/tolerations/0/operator"),
     "resources with a bad quantity": ({"resources": {"requests": {"memory": "lots"}}}, "/resources/requests/memory"),
-    "control plane without plugins": (
-        {"control": {"enabled": True, "tls": {"secretName": "t"}}},
+    "control plane from a ConfigMap without one": (
+        {"control": {"enabled": True, "plugins": {"source": "configMap"}, "tls": {"secretName": "t"}}},
+        "/control/pluginsConfigMap",
+    ),
+    # weft-control takes one source: an upgrade that kept pluginsConfigMap would otherwise drop its plugins silently.
+    "control plane from the CRD with a ConfigMap of files too": (
+        {"control": {"enabled": True, "pluginsConfigMap": "p", "tls": {"secretName": "t"}}},
         "/control/pluginsConfigMap",
     ),
     "control plane without its TLS Secret": (
-        {"control": {"enabled": True, "pluginsConfigMap": "p"}},
+        {"control": {"enabled": True}},
         "/control/tls",
+    ),
+    "control plugin source": ({"control": {"plugins": {"source": "files"}}}, "/control/plugins/source"),
+    "control root namespace empty": ({"control": {"plugins": {"rootNamespace": ""}}}, "/control/plugins/rootNamespace"),
+    "control root namespace not a name": (
+        {"control": {"plugins": {"rootNamespace": "Istio_System"}}},
+        "/control/plugins/rootNamespace",
+    ),
+    "pull secret namespaces as one string": (
+        {"control": {"plugins": {"pullSecretNamespaces": "shop"}}},
+        "/control/plugins/pullSecretNamespaces",
+    ),
+    "pull secret namespace not a name": (
+        {"control": {"plugins": {"pullSecretNamespaces": ["shop/a"]}}},
+        "/control/plugins/pullSecretNamespaces/0",
+    ),
+    "pull secret namespaces repeated": (
+        {"control": {"plugins": {"pullSecretNamespaces": ["shop", "shop"]}}},
+        "/control/plugins/pullSecretNamespaces",
+    ),
+    "control plugins unknown key": ({"control": {"plugins": {"dir": "/x"}}}, "/control/plugins"),
+    "disruption budget unknown key": (
+        {"control": {"podDisruptionBudget": {"minAvailable": 2}}},
+        "/control/podDisruptionBudget",
     ),
     "control port": ({"control": {"port": 70000}}, "/control/port"),
     "podmonitor interval": ({"metrics": {"podMonitor": {"interval": "often"}}}, "/metrics/podMonitor/interval"),

@@ -505,7 +505,9 @@ def test_crds_are_not_templated(render):
     # Helm installs crds/ as it is, before the templates, and only on install: no template may render a CRD (it
     # would be deleted with the release) and the file may hold no template directive.
     assert "{{" not in CRD_FILE.read_text()
-    for values in [None, {"control": {"enabled": True, "pluginsConfigMap": "p", "tls": {"secretName": "t"}}}]:
+    control = {"enabled": True, "tls": {"secretName": "t"}}
+    configmap = {**control, "plugins": {"source": "configMap"}, "pluginsConfigMap": "p"}
+    for values in [None, {"control": control}, {"control": configmap}]:
         rendered = render(values)
         assert rendered.objects
         assert "CustomResourceDefinition" not in rendered.kinds()

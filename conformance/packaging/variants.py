@@ -61,8 +61,25 @@ VARIANTS = {
         },
     },
     "custom-service-account": {"serviceAccount": {"create": True, "name": "weft-node", "annotations": {"a": "b"}}},
-    "control-plane": {
-        "control": {"enabled": True, "pluginsConfigMap": "weft-plugins", "tls": {"secretName": "weft-control-tls"}}
+    # The control plane as installed by default: the WeftPlugin controller (plugins.source crd), two replicas.
+    "control-plane": {"control": {"enabled": True, "tls": {"secretName": "weft-control-tls"}}},
+    # The WeftPlugin files of a ConfigMap, as before the controller.
+    "control-plane-configmap": {
+        "control": {
+            "enabled": True,
+            "plugins": {"source": "configMap"},
+            "pluginsConfigMap": "weft-plugins",
+            "tls": {"secretName": "weft-control-tls"},
+        }
+    },
+    # Pull Secrets readable in two namespaces only, one replica (no PodDisruptionBudget), another root namespace.
+    "control-plane-scoped": {
+        "control": {
+            "enabled": True,
+            "replicas": 1,
+            "plugins": {"rootNamespace": "mesh-root", "pullSecretNamespaces": ["shop", "payments"]},
+            "tls": {"secretName": "weft-control-tls"},
+        }
     },
     "everything": {
         "image": {"digest": "sha256:" + "ab" * 32},
@@ -89,9 +106,10 @@ VARIANTS = {
         "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "10%", "maxUnavailable": 0}},
         "control": {
             "enabled": True,
-            "pluginsConfigMap": "weft-plugins",
             "tls": {"secretName": "weft-control-tls"},
-            "replicas": 2,
+            "replicas": 3,
+            "podDisruptionBudget": {"enabled": True},
+            "plugins": {"source": "crd", "rootNamespace": "istio-system", "pullSecretNamespaces": ["shop"]},
         },
         "metrics": {"podMonitor": {"enabled": True}},
     },
