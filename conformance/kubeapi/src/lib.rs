@@ -1,23 +1,37 @@
-//! A Kubernetes API server stand-in for tests: real HTTP/1.1 on 127.0.0.1, following the API conventions for one
-//! namespaced custom resource (`weftplugins.weft.dev/v1alpha1`, kind `WeftPlugin`, with a `status` subresource) and
-//! `coordination.k8s.io/v1` Leases. Written from the Kubernetes API reference
-//! (<https://kubernetes.io/docs/reference/using-api/api-concepts/>):
+//! A Kubernetes API server stand-in for tests: real HTTP/1.1 on 127.0.0.1, following the API conventions for
+//! `weftplugins.weft.dev/v1alpha1` (kind `WeftPlugin`, namespaced, with a `status` subresource and a
+//! `metadata.generation`), `coordination.k8s.io/v1` Leases, and core `v1` Pods (with a `status` subresource),
+//! Secrets and ConfigMaps under `/api/v1` ([`Resource`]). Written from the Kubernetes API reference
+//! (<https://kubernetes.io/docs/reference/using-api/api-concepts/>), and checked with kube-rs as the client
+//! (`tests/kube_client.rs`):
 //!
-//! - list, cluster-wide and per namespace, with a global `metadata.resourceVersion` and `limit` / `continue`
-//!   chunking served from a consistent snapshot; a continue token older than the history is 410 Gone (Expired);
-//! - watch (`watch=1`, `resourceVersion`, `allowWatchBookmarks`, `timeoutSeconds`): chunked newline-delimited
-//!   events; a resourceVersion older than the history gets one ERROR event carrying a 410 Expired Status, as the
-//!   API server's watch cache does; BOOKMARKs only when the test calls [`ApiServer::bookmark`];
-//! - create, get, update (resourceVersion precondition: 409 Conflict), JSON merge patch, delete, and the `status`
-//!   subresource; `metadata.generation` moves on spec changes only;
-//! - errors as `metav1.Status` objects ([`ApiError`]).
+//! - list, cluster-wide (`/api/v1/pods`, `/apis/weft.dev/v1alpha1/weftplugins`) and per namespace, with a global
+//!   `metadata.resourceVersion` and `limit` / `continue` chunking served from a consistent snapshot; a continue
+//!   token older than the history is 410 Gone (Expired);
+//! - watch (`watch=1`, `resourceVersion`, `allowWatchBookmarks`, `timeoutSeconds`), cluster-wide or per namespace:
+//!   chunked newline-delimited events; a resourceVersion older than the history gets one ERROR event carrying a 410
+//!   Expired Status, as the API server's watch cache does; BOOKMARKs only when the test calls
+//!   [`ApiServer::bookmark`];
+//! - equality-based label selectors on list and watch (`labelSelector=a=b,c==d,e!=f,g,!h`, percent-decoded):
+//!   only matching objects are listed, only events whose object matches are sent (an object modified so that it no
+//!   longer matches is not turned into a DELETED event); a list with a selector has no `remainingItemCount`;
+//! - create, get, update (resourceVersion precondition: 409 Conflict), JSON merge patch, delete (answered with the
+//!   object for WeftPlugins and Pods, with a Success Status for the others), and the `status` subresource of
+//!   WeftPlugins and Pods (writes to the main resource leave `status` alone; a new Pod is `Pending`);
+//!   `metadata.generation` (WeftPlugins only) moves on spec changes only;
+//! - Secrets as the API server stores them: `stringData` folded into `data` as base64, `data` checked to be
+//!   base64, `type` defaulting to `Opaque`;
+//! - errors as `metav1.Status` objects ([`ApiError`]), `details.group` omitted for the core group.
 //!
-//! Not served: label and field selectors, a list's `resourceVersion` / `resourceVersionMatch` (a first page is always
-//! of the latest version), `sendInitialEvents`, server-side apply, JSON and strategic merge patch, finalizers,
-//! `generateName`, `dryRun`, authentication. Test support: only `conformance/` and dev-dependencies
-//! use it.
+//! Not served: field selectors (400) and set-based label selectors (`in`, `notin`: 400), a list's
+//! `resourceVersion` / `resourceVersionMatch` (a first page is always of the latest version), `sendInitialEvents`,
+//! server-side apply, JSON and strategic merge patch, finalizers and graceful deletion (a Pod is gone at once),
+//! Pod spec immutability and every other validation beyond names, `generateName`, `dryRun`, namespaces as objects,
+//! authentication. Test support: only `conformance/` and dev-dependencies use it.
 
 mod client;
+mod resource;
+mod selector;
 mod server;
 mod status;
 mod store;
@@ -32,8 +46,8 @@ use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 
 pub use client::{Client, ClientError, Reply, WatchStream};
+pub use resource::Resource;
 pub use status::ApiError;
-pub use store::Resource;
 
 use server::lock;
 use store::Store;

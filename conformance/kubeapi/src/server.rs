@@ -14,8 +14,10 @@ use hyper::body::{Frame, Incoming};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use crate::status::ApiError;
-use crate::store::{Part, Resource, Store};
+use crate::resource::Resource;
+use crate::selector::Selector;
+use crate::status::{ApiError, details};
+use crate::store::{Part, Store};
 
 pub(crate) type Body = BoxBody<Bytes, Infallible>;
 
@@ -34,21 +36,30 @@ enum Target {
 }
 
 fn route(path: &str) -> Option<Target> {
-    let rest = path.strip_prefix("/apis/")?;
+    // `/api/{version}/...` is the core group; `/apis/{group}/{version}/...` every other.
+    let (group, version, rest) = if let Some(rest) = path.strip_prefix("/api/") {
+        let (version, rest) = rest.split_once('/')?;
+        ("", version, rest)
+    } else {
+        let rest = path.strip_prefix("/apis/")?;
+        let (group, rest) = rest.split_once('/')?;
+        let (version, rest) = rest.split_once('/')?;
+        (group, version, rest)
+    };
     let segs: Vec<&str> = rest.trim_end_matches('/').split('/').collect();
-    let res = |plural: &str| Resource::from_path(segs[0], segs[1], plural);
+    let res = |plural: &str| Resource::from_path(group, version, plural);
     match segs.as_slice() {
-        [_, _, plural] => Some(Target::Collection(res(plural)?, None)),
-        [_, _, "namespaces", ns, plural] => {
+        [plural] => Some(Target::Collection(res(plural)?, None)),
+        ["namespaces", ns, plural] => {
             Some(Target::Collection(res(plural)?, Some((*ns).to_owned())))
         }
-        [_, _, "namespaces", ns, plural, name] => Some(Target::Object(
+        ["namespaces", ns, plural, name] => Some(Target::Object(
             res(plural)?,
             (*ns).to_owned(),
             (*name).to_owned(),
             Part::Main,
         )),
-        [_, _, "namespaces", ns, plural, name, "status"] => {
+        ["namespaces", ns, plural, name, "status"] => {
             let r = res(plural)?;
             r.has_status()
                 .then(|| Target::Object(r, (*ns).to_owned(), (*name).to_owned(), Part::Status))
@@ -57,13 +68,67 @@ fn route(path: &str) -> Option<Target> {
     }
 }
 
-/// A query parameter's value, percent-decoded enough for what clients send (tokens are URL-safe base64).
-fn param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
-    query
-        .split('&')
-        .filter_map(|kv| kv.split_once('=').or(Some((kv, ""))))
-        .find(|(k, _)| *k == name)
-        .map(|(_, v)| v)
+/// Percent-decodes a query component as `application/x-www-form-urlencoded` (`+` is a space), as clients such as
+/// kube-rs encode selectors (`labelSelector=app%3Dweb`).
+fn decode(component: &str) -> Result<String, ApiError> {
+    let bytes = component.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = bytes
+                    .get(i + 1..i + 3)
+                    .and_then(|h| std::str::from_utf8(h).ok())
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    .ok_or_else(|| {
+                        ApiError::bad_request(format!("invalid percent-encoding in {component:?}"))
+                    })?;
+                out.push(hex);
+                i += 2;
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8(out)
+        .map_err(|_| ApiError::bad_request(format!("the query {component:?} is not UTF-8")))
+}
+
+/// A request's query parameters, decoded.
+struct Query(Vec<(String, String)>);
+
+impl Query {
+    fn parse(query: &str) -> Result<Query, ApiError> {
+        query
+            .split('&')
+            .filter(|kv| !kv.is_empty())
+            .map(|kv| {
+                let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+                Ok((decode(k)?, decode(v)?))
+            })
+            .collect::<Result<_, _>>()
+            .map(Query)
+    }
+
+    /// A parameter's value (the first, if repeated).
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The label selector; a field selector is refused (the stand-in does not serve them).
+    fn selector(&self) -> Result<Selector, ApiError> {
+        if self.get("fieldSelector").is_some_and(|f| !f.is_empty()) {
+            return Err(ApiError::bad_request(
+                "fieldSelector is not served by the API server stand-in".into(),
+            ));
+        }
+        Selector::parse(self.get("labelSelector").unwrap_or(""))
+    }
 }
 
 fn truthy(v: Option<&str>) -> bool {
@@ -130,35 +195,40 @@ async fn serve(
     store: Arc<Mutex<Store>>,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
-    let query = req.uri().query().unwrap_or("").to_owned();
+    let query = Query::parse(req.uri().query().unwrap_or(""))?;
     let Some(target) = route(req.uri().path()) else {
         return Err(ApiError::no_route());
     };
-    let watch = truthy(param(&query, "watch"));
+    let watch = truthy(query.get("watch"));
     let method = req.method().clone();
     lock(&store).count(verb(&method, &target, watch));
     match (method, target) {
         (Method::GET, Target::Collection(res, ns)) if watch => {
-            let from = parse_rv(param(&query, "resourceVersion"))?;
-            let bookmarks = truthy(param(&query, "allowWatchBookmarks"));
-            let timeout = param(&query, "timeoutSeconds")
+            let from = parse_rv(query.get("resourceVersion"))?;
+            let bookmarks = truthy(query.get("allowWatchBookmarks"));
+            let selector = query.selector()?;
+            let timeout = query
+                .get("timeoutSeconds")
                 .map(|t| {
                     t.parse::<u64>().map_err(|_| {
                         ApiError::bad_request(format!("invalid timeoutSeconds: {t:?}"))
                     })
                 })
                 .transpose()?;
-            let rx = lock(&store).watch(res, ns.as_deref(), from, bookmarks);
+            let rx = lock(&store).watch(res, ns.as_deref(), selector, from, bookmarks);
             Ok(watch_response(rx, timeout.map(Duration::from_secs)))
         }
         (Method::GET, Target::Collection(res, ns)) => {
-            let limit = param(&query, "limit")
+            let limit = query
+                .get("limit")
                 .map(|l| {
                     l.parse::<usize>()
                         .map_err(|_| ApiError::bad_request(format!("invalid limit: {l:?}")))
                 })
                 .transpose()?;
-            let list = lock(&store).list(res, ns.as_deref(), limit, param(&query, "continue"))?;
+            let selector = query.selector()?;
+            let list =
+                lock(&store).list(res, ns.as_deref(), &selector, limit, query.get("continue"))?;
             Ok(json_response(200, &list))
         }
         (Method::POST, Target::Collection(res, Some(ns))) => {
@@ -191,17 +261,19 @@ async fn serve(
         }
         (Method::DELETE, Target::Object(res, ns, name, Part::Main)) => {
             let obj = lock(&store).delete(res, &ns, &name)?;
-            if res.has_status() {
-                // Custom resources answer a delete with the deleted object.
+            if res.delete_returns_object() {
+                // Custom resources and Pods answer a delete with the deleted object.
                 return Ok(json_response(200, &obj));
             }
-            // Built-in resources such as Leases answer with a Success Status naming it.
+            // Other built-in resources (Leases, Secrets, ConfigMaps) answer with a Success Status naming it.
+            let mut details = details(res, &name);
+            details["uid"] = obj["metadata"]["uid"].clone();
             let status = serde_json::json!({
                 "kind": "Status",
                 "apiVersion": "v1",
                 "metadata": {},
                 "status": "Success",
-                "details": {"name": name, "group": res.group(), "kind": res.plural(), "uid": obj["metadata"]["uid"]},
+                "details": details,
             });
             Ok(json_response(200, &status))
         }

@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use crate::store::Resource;
+use crate::resource::Resource;
 
 /// A failed API request: what the stand-in answers with a `metav1.Status`.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -19,8 +19,13 @@ pub struct ApiError {
     pub details: Option<Value>,
 }
 
-fn details(res: Resource, name: &str) -> Value {
-    json!({"name": name, "group": res.group(), "kind": res.plural()})
+/// `details` naming one object; the core group's empty `group` is omitted, as the API server does.
+pub(crate) fn details(res: Resource, name: &str) -> Value {
+    let mut details = json!({"name": name, "kind": res.plural()});
+    if !res.group().is_empty() {
+        details["group"] = res.group().into();
+    }
+    details
 }
 
 impl ApiError {

@@ -7,79 +7,9 @@ use base64::Engine as _;
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
+use crate::resource::Resource;
+use crate::selector::Selector;
 use crate::status::ApiError;
-
-/// The resources the stand-in serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Resource {
-    /// `weftplugins.weft.dev/v1alpha1`, namespaced, with a `status` subresource.
-    WeftPlugin,
-    /// `leases.coordination.k8s.io/v1`, namespaced.
-    Lease,
-}
-
-impl Resource {
-    /// The API group.
-    pub fn group(self) -> &'static str {
-        match self {
-            Resource::WeftPlugin => "weft.dev",
-            Resource::Lease => "coordination.k8s.io",
-        }
-    }
-
-    /// The API version within the group.
-    pub fn version(self) -> &'static str {
-        match self {
-            Resource::WeftPlugin => "v1alpha1",
-            Resource::Lease => "v1",
-        }
-    }
-
-    /// `group/version`, as objects carry it.
-    pub fn api_version(self) -> String {
-        format!("{}/{}", self.group(), self.version())
-    }
-
-    /// The object kind.
-    pub fn kind(self) -> &'static str {
-        match self {
-            Resource::WeftPlugin => "WeftPlugin",
-            Resource::Lease => "Lease",
-        }
-    }
-
-    /// The plural resource name in URLs.
-    pub fn plural(self) -> &'static str {
-        match self {
-            Resource::WeftPlugin => "weftplugins",
-            Resource::Lease => "leases",
-        }
-    }
-
-    /// Whether the resource has a `status` subresource (and so a `metadata.generation` bumped by spec changes).
-    pub fn has_status(self) -> bool {
-        matches!(self, Resource::WeftPlugin)
-    }
-
-    /// `plural.group`, as messages name it (`weftplugins.weft.dev`).
-    pub fn qualified(self) -> String {
-        format!("{}.{}", self.plural(), self.group())
-    }
-
-    /// The resource a URL's group, version and plural name.
-    pub fn from_path(group: &str, version: &str, plural: &str) -> Option<Resource> {
-        [Resource::WeftPlugin, Resource::Lease]
-            .into_iter()
-            .find(|r| r.group() == group && r.version() == version && r.plural() == plural)
-    }
-
-    /// The resource an object's `apiVersion` and `kind` name.
-    pub fn from_kind(api_version: &str, kind: &str) -> Option<Resource> {
-        [Resource::WeftPlugin, Resource::Lease]
-            .into_iter()
-            .find(|r| r.api_version() == api_version && r.kind() == kind)
-    }
-}
 
 /// What a write changes: the main resource or its `status` subresource.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,13 +53,17 @@ struct Change {
 struct Watcher {
     resource: Resource,
     namespace: Option<String>,
+    selector: Selector,
     bookmarks: bool,
     tx: mpsc::UnboundedSender<Value>,
 }
 
 impl Watcher {
-    fn selects(&self, key: &Key) -> bool {
-        self.resource == key.0 && self.namespace.as_ref().is_none_or(|ns| *ns == key.1)
+    /// Whether an event about `object` (stored under `key`) goes to this watch.
+    fn selects(&self, key: &Key, object: &Value) -> bool {
+        self.resource == key.0
+            && self.namespace.as_ref().is_none_or(|ns| *ns == key.1)
+            && self.selector.matches(object)
     }
 }
 
@@ -272,7 +206,7 @@ impl Store {
     fn record(&mut self, key: Key, event: EventType, object: Value, previous: Option<Value>) {
         let line = json!({"type": event.as_str(), "object": object});
         self.watchers
-            .retain(|w| !w.selects(&key) || w.tx.send(line.clone()).is_ok());
+            .retain(|w| !w.selects(&key, &object) || w.tx.send(line.clone()).is_ok());
         self.history.push_back(Change {
             rv: self.rv,
             key,
@@ -316,7 +250,7 @@ impl Store {
             meta.insert("uid".into(), uid().into());
             meta.insert("creationTimestamp".into(), now_rfc3339().into());
             meta.insert("resourceVersion".into(), self.rv.to_string().into());
-            if res.has_status() {
+            if res.has_generation() {
                 meta.insert("generation".into(), 1.into());
             } else {
                 meta.remove("generation");
@@ -327,6 +261,10 @@ impl Store {
         {
             // With a status subresource, the main resource's writes leave status alone.
             map.remove("status");
+            if res == Resource::Pod {
+                // The API server starts every Pod Pending (the kubelet reports the rest).
+                map.insert("status".into(), json!({"phase": "Pending"}));
+            }
         }
         self.objects.insert(key.clone(), obj.clone());
         self.record(key, EventType::Added, obj.clone(), None);
@@ -391,7 +329,7 @@ impl Store {
                         None => map.remove("status"),
                     };
                 }
-                if res.has_status() && next.get("spec") != stored.get("spec") {
+                if res.has_generation() && next.get("spec") != stored.get("spec") {
                     let generation = stored
                         .pointer("/metadata/generation")
                         .and_then(Value::as_i64)
@@ -508,6 +446,7 @@ impl Store {
         &self,
         res: Resource,
         ns: Option<&str>,
+        selector: &Selector,
         limit: Option<usize>,
         cont: Option<&str>,
     ) -> Result<Value, ApiError> {
@@ -532,7 +471,7 @@ impl Store {
         let selected: Vec<(Key, Value)> = self
             .snapshot(res, rv)
             .into_iter()
-            .filter(|(k, _)| ns.is_none_or(|ns| k.1 == ns))
+            .filter(|(k, v)| ns.is_none_or(|ns| k.1 == ns) && selector.matches(v))
             .filter(|(k, _)| {
                 after
                     .as_ref()
@@ -551,7 +490,10 @@ impl Store {
                 "continue".into(),
                 encode_continue(rv, &last.1, &last.2).into(),
             );
-            metadata.insert("remainingItemCount".into(), (selected.len() - take).into());
+            if selector.is_empty() {
+                // The API server counts what remains only for lists without a selector.
+                metadata.insert("remainingItemCount".into(), (selected.len() - take).into());
+            }
         }
         let items: Vec<Value> = selected.into_iter().take(take).map(|(_, v)| v).collect();
         Ok(json!({
@@ -568,6 +510,7 @@ impl Store {
         &mut self,
         res: Resource,
         ns: Option<&str>,
+        selector: Selector,
         from: Option<u64>,
         bookmarks: bool,
     ) -> mpsc::UnboundedReceiver<Value> {
@@ -575,13 +518,14 @@ impl Store {
         let watcher = Watcher {
             resource: res,
             namespace: ns.map(str::to_owned),
+            selector,
             bookmarks,
             tx,
         };
         match from {
             None => {
                 for (key, obj) in &self.objects {
-                    if watcher.selects(key) {
+                    if watcher.selects(key, obj) {
                         let _ = watcher.tx.send(json!({"type": "ADDED", "object": obj}));
                     }
                 }
@@ -598,7 +542,7 @@ impl Store {
                 for change in self
                     .history
                     .iter()
-                    .filter(|c| c.rv > rv && watcher.selects(&c.key))
+                    .filter(|c| c.rv > rv && watcher.selects(&c.key, &c.object))
                 {
                     let _ = watcher
                         .tx
@@ -672,5 +616,48 @@ fn check_body(res: Resource, ns: &str, body: Value) -> Result<Value, ApiError> {
                 .into(),
         ));
     }
+    if res == Resource::Secret {
+        fold_secret(&mut map)?;
+    }
     Ok(Value::Object(map))
+}
+
+/// What the API server does with a Secret on every write: `stringData` is folded into `data` (base64, winning over
+/// a `data` key of the same name) and dropped, `data` values must be base64, and `type` defaults to `Opaque`.
+fn fold_secret(map: &mut Map<String, Value>) -> Result<(), ApiError> {
+    let engine = &base64::engine::general_purpose::STANDARD;
+    let string_data = map.remove("stringData");
+    let data = map
+        .entry("data")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let Some(data) = data.as_object_mut() else {
+        return Err(ApiError::bad_request("data is not an object".into()));
+    };
+    for (key, value) in data.iter() {
+        let valid = value.as_str().is_some_and(|v| engine.decode(v).is_ok());
+        if !valid {
+            return Err(ApiError::bad_request(format!(
+                "data[{key:?}]: illegal base64 data"
+            )));
+        }
+    }
+    match string_data {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(strings)) => {
+            for (key, value) in strings {
+                let Some(text) = value.as_str() else {
+                    return Err(ApiError::bad_request(format!(
+                        "stringData[{key:?}] is not a string"
+                    )));
+                };
+                data.insert(key, engine.encode(text).into());
+            }
+        }
+        Some(_) => return Err(ApiError::bad_request("stringData is not an object".into())),
+    }
+    if data.is_empty() {
+        map.remove("data");
+    }
+    map.entry("type").or_insert_with(|| "Opaque".into());
+    Ok(())
 }

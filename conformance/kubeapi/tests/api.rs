@@ -1,6 +1,6 @@
 //! The stand-in's API semantics, over HTTP as a client sees them: list then watch from the list's resourceVersion,
-//! chunked lists, 410 Gone on a stale resourceVersion, 409 Conflict on a stale write, the status subresource, and
-//! Leases as leader election takes them.
+//! chunked lists, 410 Gone on a stale resourceVersion, 409 Conflict on a stale write, the status subresource,
+//! Leases as leader election takes them, and core-group Pods and Secrets with label selectors.
 #![allow(clippy::unwrap_used)] // a test panics to fail
 
 use std::collections::BTreeSet;
@@ -498,4 +498,86 @@ async fn two_candidates_racing_for_a_lease_exactly_one_wins() {
         assert_eq!(released.code, 200);
         assert_eq!(released.body["status"], "Success");
     }
+}
+
+#[tokio::test]
+async fn core_resources_serve_label_selectors_and_store_secrets_as_the_api_server() {
+    let server = ApiServer::start().await.unwrap();
+    let client = server.client();
+    let pods = Resource::Pod.collection("web");
+    let pod = |name: &str, labels: Value| json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "web", "labels": labels}});
+    server.apply(pod("a", json!({"app": "web"}))).unwrap();
+    server.apply(pod("b", json!({"app": "db"}))).unwrap();
+    // A percent-encoded selector (`app=web`) on a cluster-wide watch: only matching objects' events.
+    let mut watch = client
+        .watch("/api/v1/pods?watch=true&labelSelector=app%3Dweb")
+        .await
+        .unwrap();
+    assert_eq!(event(&mut watch).await, pair("ADDED", "a"));
+    server.apply(pod("c", json!({"app": "db"}))).unwrap();
+    server.apply(pod("d", json!({"app": "web"}))).unwrap();
+    server.delete(Resource::Pod, "web", "b").unwrap();
+    server.delete(Resource::Pod, "web", "a").unwrap();
+    assert_eq!(event(&mut watch).await, pair("ADDED", "d"));
+    assert_eq!(event(&mut watch).await, pair("DELETED", "a"));
+    // `+` is a space; `!=` matches objects without the label too.
+    let list = client
+        .get(&format!("{pods}?labelSelector=app+!%3D+web"))
+        .await
+        .unwrap();
+    assert_eq!(list.code, 200, "{}", list.body);
+    assert_eq!(list.body["kind"], "PodList");
+    assert_eq!(list.body["items"][0]["metadata"]["name"], "c");
+    assert_eq!(list.body["items"].as_array().unwrap().len(), 1);
+    for bad in [
+        "fieldSelector=metadata.name%3Dc",
+        "labelSelector=app+in+(web)",
+        "labelSelector=%zz",
+    ] {
+        let reply = client.get(&format!("{pods}?{bad}")).await.unwrap();
+        assert_eq!(reply.code, 400, "{bad}");
+        assert_eq!(reply.body["reason"], "BadRequest", "{bad}");
+    }
+    // Paths the core group does not serve here.
+    for path in [
+        "/api/v1/namespaces/web",
+        "/api/v1/namespaces/web/configmaps/x/status",
+        "/api/v2/pods",
+    ] {
+        assert_eq!(client.get(path).await.unwrap().code, 404, "{path}");
+    }
+
+    // Secrets: stringData folded into data, data must be base64; deletes answer with a Status naming no group.
+    let secrets = Resource::Secret.collection("web");
+    let created = client
+        .post(
+            &secrets,
+            &json!({"metadata": {"name": "s"}, "stringData": {"k": "v"}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(created.code, 201, "{}", created.body);
+    assert_eq!(created.body["data"], json!({"k": "dg=="}));
+    assert_eq!(created.body["type"], "Opaque");
+    assert!(created.body.get("stringData").is_none());
+    let patched = client
+        .merge_patch(&format!("{secrets}/s"), &json!({"stringData": {"k2": "w"}}))
+        .await
+        .unwrap();
+    assert_eq!(patched.body["data"], json!({"k": "dg==", "k2": "dw=="}));
+    let bad = client
+        .post(
+            &secrets,
+            &json!({"metadata": {"name": "t"}, "data": {"k": "not base64!"}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(bad.code, 400);
+    let deleted = client.delete(&format!("{secrets}/s")).await.unwrap();
+    assert_eq!(deleted.body["status"], "Success");
+    assert_eq!(deleted.body["details"]["kind"], "secrets");
+    assert!(deleted.body["details"].get("group").is_none());
+    let missing = client.get(&format!("{secrets}/s")).await.unwrap();
+    assert_eq!(missing.code, 404);
+    assert_eq!(missing.body["message"], "secrets \"s\" not found");
 }

@@ -1,6 +1,8 @@
-//! The stand-in against real API-server responses recorded in the Kubernetes documentation (`tests/fixtures/`,
-//! each file naming its page): its lists, chunked lists, watch events, bookmarks and Status errors have the same
-//! shape (keys, kinds, value types, codes, reasons) as the recorded ones.
+//! The stand-in against the API-server responses shown in the Kubernetes documentation (`tests/fixtures/`, written
+//! by hand from those pages, each file naming its page; not recorded from a live server): its lists, chunked lists,
+//! watch events, bookmarks and Status errors have the same shape (keys, kinds, value types, codes, reasons) as the
+//! documented ones. The documented examples are of Pods, so the stand-in's Pods are also held to their kinds,
+//! `apiVersion` and, for the NotFound Status, every value.
 #![allow(clippy::unwrap_used)] // a test panics to fail
 
 use std::time::Duration;
@@ -242,4 +244,94 @@ async fn errors_are_statuses_of_the_recorded_shape() {
     assert_eq!(gone.code, 410);
     same_status(&gone.body, &want["response"], 410, "Expired", false);
     assert!(server.get(Resource::WeftPlugin, "test", "a").is_some());
+}
+
+/// The fixtures are of Pods: the stand-in's Pods answer with the recorded kinds and `apiVersion` themselves, not just
+/// their shapes.
+fn pod(name: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "test"},
+        "spec": {"containers": [{"name": "app", "image": "registry.example/app:1"}]},
+    })
+}
+
+#[tokio::test]
+async fn pod_lists_are_the_recorded_ones() {
+    let server = ApiServer::start().await.unwrap();
+    server.apply(pod("a")).unwrap();
+    server.apply(pod("b")).unwrap();
+    let client = server.client();
+
+    let want = fixture("list.json");
+    let got = client.get(&Resource::Pod.collection("test")).await.unwrap();
+    assert_eq!(got.code, want["code"]);
+    assert_eq!(shape(&got.body), shape(&want["response"]));
+    assert_eq!(got.body["kind"], want["response"]["kind"]);
+    assert_eq!(got.body["apiVersion"], want["response"]["apiVersion"]);
+    assert_eq!(got.body["items"][0]["kind"], "Pod");
+    assert_eq!(got.body["items"][0]["status"]["phase"], "Pending");
+
+    // The chunked one is cluster-wide, as recorded (`GET /api/v1/pods?limit=500`, here a limit of 1).
+    let want = fixture("chunked_list.json");
+    let got = client.get("/api/v1/pods?limit=1").await.unwrap();
+    assert_eq!(got.code, want["code"]);
+    assert_eq!(shape(&got.body), shape(&want["response"]));
+    assert_eq!(got.body["kind"], "PodList");
+    assert_eq!(got.body["apiVersion"], "v1");
+    assert_eq!(got.body["metadata"]["remainingItemCount"], 1);
+}
+
+#[tokio::test]
+async fn pod_watch_events_and_bookmarks_are_the_recorded_ones() {
+    let server = ApiServer::start().await.unwrap();
+    let from = server.resource_version();
+    server.apply(pod("a")).unwrap();
+    let mut edited = pod("a");
+    edited["metadata"]["labels"] = json!({"app": "web"});
+    server.apply(edited).unwrap();
+    let want = fixture("watch.json");
+    let mut watch = server
+        .client()
+        .watch(&format!(
+            "{}?watch=1&resourceVersion={from}&allowWatchBookmarks=true",
+            Resource::Pod.collection("test")
+        ))
+        .await
+        .unwrap();
+    same_head(&watch, &want);
+    for want_event in want["events"].as_array().unwrap() {
+        let got = next(&mut watch).await;
+        same_event(&got, want_event);
+        assert_eq!(got["object"]["kind"], want_event["object"]["kind"]);
+        assert_eq!(
+            got["object"]["apiVersion"],
+            want_event["object"]["apiVersion"]
+        );
+    }
+    let want = fixture("bookmark.json");
+    server.bookmark();
+    let bookmark = next(&mut watch).await;
+    let recorded = &want["events"][1];
+    assert_eq!(shape(&bookmark), shape(recorded));
+    assert_eq!(bookmark["object"]["kind"], recorded["object"]["kind"]);
+    assert_eq!(
+        bookmark["object"]["apiVersion"],
+        recorded["object"]["apiVersion"]
+    );
+}
+
+#[tokio::test]
+async fn a_missing_pod_is_the_recorded_status() {
+    let server = ApiServer::start().await.unwrap();
+    let want = fixture("not_found.json");
+    let got = server
+        .client()
+        .get(&format!("{}/grafana", Resource::Pod.collection("default")))
+        .await
+        .unwrap();
+    assert_eq!(got.code, want["code"]);
+    // The core group's Status is the recorded one, field for field.
+    assert_eq!(got.body, want["response"]);
 }
