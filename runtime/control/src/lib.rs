@@ -5,3 +5,4 @@
 pub mod ads;
 pub mod auth;
 pub mod ca;
+pub mod kube;

@@ -68,22 +68,54 @@ pub struct ControlArgs {
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
     /// Static token file (`tokens: [{token, node, identity}]`, re-read on every stream) instead of Kubernetes
-    /// TokenReview.
-    #[arg(
-        long,
-        conflicts_with = "kube_api",
-        required_unless_present = "kube_api"
-    )]
+    /// TokenReview (with --kube-api as well, the API server is then used only by --plugins-from-kube).
+    #[arg(long, required_unless_present = "kube_api")]
     pub tokens: Option<PathBuf>,
-    /// Kubernetes API server for TokenReview of the nodes' tokens.
+    /// Kubernetes API server: TokenReview of the nodes' tokens (unless --tokens), and the WeftPlugin resources
+    /// with --plugins-from-kube.
     #[arg(long)]
     pub kube_api: Option<String>,
     /// CA bundle of the API server.
     #[arg(long)]
     pub kube_ca_file: Option<PathBuf>,
-    /// weft control's own token for the API server (allowed to create TokenReviews).
+    /// weft control's own token for the API server (allowed to create TokenReviews, and what the controller's RBAC
+    /// grants with --plugins-from-kube); re-read as it rotates.
     #[arg(long)]
     pub kube_token_file: Option<PathBuf>,
+    /// Serve the WeftPlugin resources (weftplugins.weft.dev) of --kube-api instead of a directory of files: a
+    /// replicated controller that resolves selectors against Pods, reads pull secrets, and writes each resource's
+    /// status from the leader replica (a Lease in --namespace).
+    #[arg(
+        long,
+        env = "WEFT_CONTROL_PLUGINS_FROM_KUBE",
+        conflicts_with = "plugins_dir",
+        requires_all = ["kube_api", "namespace", "replica"]
+    )]
+    pub plugins_from_kube: bool,
+    /// Istio's root namespace: a WeftPlugin here applies mesh-wide (with a selector: to matching pods of every
+    /// namespace), as Istio's WasmPlugin.
+    #[arg(
+        long,
+        env = "WEFT_CONTROL_ROOT_NAMESPACE",
+        default_value = "istio-system"
+    )]
+    pub root_namespace: String,
+    /// Istio's cluster id: workload uids are `<cluster id>//Pod/<namespace>/<name>`, as istiod names them.
+    #[arg(long, env = "CLUSTER_ID", default_value = "Kubernetes")]
+    pub cluster_id: String,
+    /// weft-control's own namespace: the leader Lease (weft-control-leader) and the replicas' report ConfigMaps
+    /// (weft-control-report-<replica>) live here.
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// This replica's name (its pod's): the Lease holder identity and its report's name.
+    #[arg(long, env = "POD_NAME")]
+    pub replica: Option<String>,
+    /// How long the leader's Lease holds without a renewal before another replica takes it.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    pub leader_lease_duration: Duration,
+    /// How often the Lease is tried or renewed, this replica's report written and (by the leader) status written.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub leader_retry_period: Duration,
     /// Audience the nodes' tokens must carry (TokenReview). weft control's own, not istiod's `istio-ca`: a token
     /// a node sends here cannot be replayed to istiod, and one meant for istiod is refused here.
     #[arg(long, env = "WEFT_CONTROL_AUDIENCE", default_value = "weft-control")]
@@ -195,6 +227,38 @@ pub fn tls_and_auth(
     Ok((tls, auth))
 }
 
+/// The controller's options, with --plugins-from-kube.
+pub fn kube_options(args: &ControlArgs) -> anyhow::Result<Option<crate::kube::KubeOptions>> {
+    if !args.plugins_from_kube {
+        return Ok(None);
+    }
+    let need = |v: &Option<String>, flag: &str| {
+        v.clone()
+            .filter(|s| !s.is_empty())
+            .with_context(|| format!("--plugins-from-kube needs {flag}"))
+    };
+    if args.leader_retry_period.is_zero()
+        || args.leader_lease_duration < args.leader_retry_period * 2
+    {
+        anyhow::bail!(
+            "--leader-lease-duration ({:?}) must be at least twice --leader-retry-period ({:?}), which must not be zero",
+            args.leader_lease_duration,
+            args.leader_retry_period
+        );
+    }
+    Ok(Some(crate::kube::KubeOptions {
+        api: need(&args.kube_api, "--kube-api")?,
+        ca_file: args.kube_ca_file.clone(),
+        token_file: args.kube_token_file.clone(),
+        root_namespace: args.root_namespace.clone(),
+        cluster_id: args.cluster_id.clone(),
+        namespace: need(&args.namespace, "--namespace (POD_NAMESPACE)")?,
+        replica: need(&args.replica, "--replica (POD_NAME)")?,
+        lease_duration: args.leader_lease_duration,
+        retry_period: args.leader_retry_period,
+    }))
+}
+
 /// Run `weft control` with logging set up here (the `weft-control` binary).
 pub fn main(args: ControlArgs) -> anyhow::Result<()> {
     let log = init_logging(&args.log, args.log_json)?;
@@ -203,9 +267,12 @@ pub fn main(args: ControlArgs) -> anyhow::Result<()> {
 
 /// Run `weft control` until SIGTERM, SIGINT or `POST /quitquitquit`. Logging must already be set up.
 pub fn run(args: ControlArgs, log: Option<Arc<dyn LogLevel>>) -> anyhow::Result<()> {
-    if args.mesh.is_none() && args.plugins_dir.is_none() {
-        tracing::warn!("neither --mesh nor --plugins-dir: serving empty resource sets");
+    if args.mesh.is_none() && args.plugins_dir.is_none() && !args.plugins_from_kube {
+        tracing::warn!(
+            "neither --mesh nor --plugins-dir nor --plugins-from-kube: serving empty resource sets"
+        );
     }
+    let kube = kube_options(&args)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.workers.max(1))
         .thread_name("weft-control")
@@ -224,6 +291,7 @@ pub fn run(args: ControlArgs, log: Option<Arc<dyn LogLevel>>) -> anyhow::Result<
             node_accounts: args.node_accounts.clone(),
             mesh: args.mesh.clone(),
             plugins_dir: args.plugins_dir.clone(),
+            kube,
             poll: args.poll,
             status: args.status.0,
             metrics: args.metrics.0,

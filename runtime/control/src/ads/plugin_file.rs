@@ -380,6 +380,9 @@ pub struct ParsedPlugin {
     pub file: PathBuf,
     /// Which document of the file (0-based).
     pub index: usize,
+    /// Registry credentials (a docker `config.json`) sent with remote code: a WeftPlugin resource's
+    /// `imagePullSecret`, read by the controller. Files have none.
+    pub pull_secret: Option<Vec<u8>>,
     spec: Spec,
 }
 
@@ -394,11 +397,38 @@ pub fn parse_file(text: &str, file: &Path) -> Result<Vec<ParsedPlugin>, ConfigEr
                 name: d.metadata.name.0,
                 file: file.to_path_buf(),
                 index,
+                pull_secret: None,
                 spec: d.spec,
             });
         }
     }
     Ok(out)
+}
+
+/// Parse one plugin's `spec` given as JSON (a WeftPlugin resource's, already rewritten into this file format by
+/// the controller): the same checks as a file's, the error naming the field path (`spec.rollout.window: ...`).
+pub fn parse_spec(
+    name: &str,
+    spec: serde_json::Value,
+    source: &str,
+) -> Result<ParsedPlugin, String> {
+    let name = PluginName::deserialize(serde_json::Value::String(name.to_owned()))
+        .map_err(|e| format!("metadata.name: {e}"))?;
+    let spec: Spec = serde_path_to_error::deserialize(spec).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." {
+            format!("spec: {}", e.inner())
+        } else {
+            format!("spec.{path}: {}", e.inner())
+        }
+    })?;
+    Ok(ParsedPlugin {
+        name: name.0,
+        file: PathBuf::from(source),
+        index: 0,
+        pull_secret: None,
+        spec,
+    })
 }
 
 impl ParsedPlugin {
@@ -420,7 +450,9 @@ impl ParsedPlugin {
             message,
         };
         let url_text = s.url.to_string();
-        let (code, sha256) = resolve_code(&s.url, s.sha256.as_ref(), dir, "spec", &invalid)?;
+        let secret = self.pull_secret.as_ref();
+        let (code, sha256) =
+            resolve_code(&s.url, s.sha256.as_ref(), secret, dir, "spec", &invalid)?;
         let shadow = match &s.shadow {
             None => None,
             Some(_) if matches!(s.kind, Some(KindWire::Telemetry)) => {
@@ -432,8 +464,14 @@ impl ParsedPlugin {
                 ));
             }
             Some(sh) => {
-                let (code, sha256) =
-                    resolve_code(&sh.url, sh.sha256.as_ref(), dir, "spec.shadow", &invalid)?;
+                let (code, sha256) = resolve_code(
+                    &sh.url,
+                    sh.sha256.as_ref(),
+                    secret,
+                    dir,
+                    "spec.shadow",
+                    &invalid,
+                )?;
                 Some(ShadowResource {
                     sha256: match &code {
                         Code::Inline(_) => None,
@@ -539,6 +577,7 @@ impl ParsedPlugin {
                 sha256,
             },
             nodes,
+            placement: None,
             base: None,
             base_info: None,
         })
@@ -550,6 +589,7 @@ impl ParsedPlugin {
 fn resolve_code(
     url: &CodeUrl,
     pin: Option<&Sha256Hex>,
+    pull_secret: Option<&Vec<u8>>,
     dir: &Path,
     prefix: &str,
     invalid: &dyn Fn(&str, String) -> ConfigError,
@@ -595,7 +635,7 @@ fn resolve_code(
                 timeout: Some(Duration::from_secs(30)),
                 retries: None,
                 backoff: None,
-                pull_secret: None,
+                pull_secret: pull_secret.cloned(),
             };
             Ok((Code::Remote(remote), pin.map(|h| h.0.clone())))
         }

@@ -124,6 +124,9 @@ pub struct PluginEntry {
     pub info: PluginInfo,
     /// Only these nodes get `current`; `None`: every node.
     pub nodes: Option<NodeSelector>,
+    /// The nodes the plugin is for at all (where the workloads it selects run); any other node is neither sent
+    /// it nor left with it. `None`: every node (a plugin file, or a mesh-wide resource without a selector).
+    pub placement: Option<NodeSelector>,
     /// The last version this server served to every node, which unselected nodes keep during a staged rollout.
     /// `None` (a staged plugin this server never served unrestricted): an unselected node is neither sent the
     /// plugin nor told to remove the version it runs.
@@ -184,6 +187,7 @@ impl Snapshot {
             type_url::EXTENSION_CONFIG => self
                 .plugins
                 .iter()
+                .filter(|(_, p)| p.placement.as_ref().is_none_or(|sel| sel.matches(node)))
                 .map(|(name, p)| {
                     let d = match (&p.nodes, &p.base) {
                         (None, _) => Desired::Serve(p.current.clone()),

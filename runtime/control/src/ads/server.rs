@@ -33,6 +33,9 @@ pub enum Error {
     /// The status or metrics server.
     #[error("{0}")]
     Admin(#[from] weft_admin::AdminError),
+    /// The WeftPlugin controller.
+    #[error("{0}")]
+    Kube(#[from] crate::kube::Error),
 }
 
 /// What to serve, and how.
@@ -49,8 +52,10 @@ pub struct ControlConfig {
     pub node_accounts: Vec<crate::ads::service::NodeAccount>,
     /// The mesh file (ztunnel's local-config format); none: no workloads, services or policies.
     pub mesh: Option<PathBuf>,
-    /// The directory of WeftPlugin files; none: no plugins.
+    /// The directory of WeftPlugin files; none: no plugins (unless `kube`).
     pub plugins_dir: Option<PathBuf>,
+    /// WeftPlugin resources from the Kubernetes API instead of files.
+    pub kube: Option<crate::kube::KubeOptions>,
     /// How often the sources are checked for edits.
     pub poll: Duration,
     /// Status endpoint (loopback only); none: off.
@@ -76,6 +81,8 @@ pub struct Running {
     pub registry: Arc<Registry>,
     /// Cancel to stop.
     pub stop: CancellationToken,
+    /// The WeftPlugin controller, with `kube`.
+    pub controller: Option<crate::kube::Controller>,
     server: tokio::task::JoinHandle<()>,
     sources: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -87,14 +94,24 @@ impl Running {
         for s in &self.sources {
             s.abort();
         }
+        // The server ends when `stop` is cancelled, which the controller's tasks see too: wait for them to
+        // release the Lease and delete this replica's report.
+        if let Some(c) = self.controller {
+            c.wait().await;
+        }
     }
 }
 
 /// Load the sources, bind, and serve in the background.
 pub async fn start(cfg: ControlConfig) -> Result<Running, Error> {
+    let plugins_source = match (&cfg.plugins_dir, &cfg.kube) {
+        (Some(d), _) => Some(d.display().to_string()),
+        (None, Some(k)) => Some(format!("weftplugins.weft.dev at {}", k.api)),
+        (None, None) => None,
+    };
     let publisher = Arc::new(Publisher::new(
         cfg.mesh.as_ref().map(|p| p.display().to_string()),
-        cfg.plugins_dir.as_ref().map(|p| p.display().to_string()),
+        plugins_source,
     ));
     let registry = Arc::new(Registry::new(Arc::new(Metrics::new())));
     let mut sources = Vec::new();
@@ -113,6 +130,14 @@ pub async fn start(cfg: ControlConfig) -> Result<Running, Error> {
         )?);
     }
     let stop = CancellationToken::new();
+    // The controller's first complete lists are published before the listener is bound: a node must not be
+    // served an empty plugin set that would remove what it runs.
+    let controller = match cfg.kube.clone() {
+        Some(k) => {
+            Some(crate::kube::start(k, publisher.clone(), registry.clone(), stop.clone()).await?)
+        }
+        None => None,
+    };
     let status = Arc::new(Status {
         publisher: publisher.clone(),
         registry: registry.clone(),
@@ -166,6 +191,7 @@ pub async fn start(cfg: ControlConfig) -> Result<Running, Error> {
         publisher,
         registry,
         stop,
+        controller,
         server,
         sources,
     })

@@ -52,6 +52,7 @@ impl Status {
                         "sha256": p.info.sha256,
                         "file": p.info.file,
                         "nodes": p.nodes,
+                        "placement": p.placement,
                         "base": p.base.as_ref().map(|b| json!({
                             "version": b.version,
                             "sha256": p.base_info.as_ref().and_then(|i| i.sha256.clone()),

@@ -73,6 +73,7 @@ impl Env {
             node_accounts: Vec::new(),
             mesh: Some(self.path("mesh.yaml")),
             plugins_dir: Some(self.path("plugins")),
+            kube: None,
             poll: Duration::from_millis(20),
             status: Some("127.0.0.1:0".parse().unwrap()),
             metrics: Some("127.0.0.1:0".parse().unwrap()),

@@ -1,0 +1,232 @@
+//! The leader's job: each WeftPlugin's status from what the controller concluded ([`ResourceState`]) and what every
+//! replica's nodes run ([`report`](crate::kube::report)): conditions `Accepted` (False with the reason when
+//! refused) and `Ready` (the served version ACKed by every selected node), node counts (selected, serving,
+//! NACKing, rolled back), the sha256 served, the last rollback, and a phase for the printer column. Written with a
+//! merge patch on the `status` subresource, only when it changed (a condition's `lastTransitionTime` moves only
+//! when its status does).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use kube::api::{DynamicObject, Patch, PatchParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::kube::KubeOptions;
+use crate::kube::reconcile::{ResourceState, Resources};
+use crate::kube::report::{NodeReport, read_all};
+use crate::kube::watch::weftplugin_resource;
+
+fn condition(
+    old: Option<&Value>,
+    kind: &str,
+    ok: bool,
+    reason: &str,
+    message: &str,
+    generation: i64,
+    now: &str,
+) -> Value {
+    let status = if ok { "True" } else { "False" };
+    let previous = old
+        .and_then(|s| s.get("conditions"))
+        .and_then(Value::as_array)
+        .and_then(|cs| cs.iter().find(|c| c.get("type") == Some(&json!(kind))));
+    let since = previous
+        .filter(|c| c.get("status") == Some(&json!(status)))
+        .and_then(|c| c.get("lastTransitionTime").cloned())
+        .unwrap_or_else(|| json!(now));
+    json!({
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "observedGeneration": generation,
+        "lastTransitionTime": since,
+    })
+}
+
+/// The status a resource should have; `now` is the transition time of a condition that changes.
+pub fn desired(s: &ResourceState, nodes: &BTreeMap<String, NodeReport>, now: &str) -> Value {
+    let old = s.status.as_ref();
+    let accepted = match &s.refused {
+        None => condition(
+            old,
+            "Accepted",
+            true,
+            "Accepted",
+            "the spec and its code checks passed",
+            s.generation,
+            now,
+        ),
+        Some(why) => condition(old, "Accepted", false, "Refused", why, s.generation, now),
+    };
+    let Some(serving) = &s.serving else {
+        let ready = condition(
+            old,
+            "Ready",
+            false,
+            "NotServed",
+            "no accepted version of this resource to serve",
+            s.generation,
+            now,
+        );
+        return json!({
+            "observedGeneration": s.generation,
+            "phase": "Refused",
+            "conditions": [accepted, ready],
+            "nodes": {"selected": 0, "serving": 0, "nacking": 0, "rolledBack": 0},
+            "readyNodes": "0/0",
+        });
+    };
+    // Selected: the nodes of its workloads (of the staged ones during a staged rollout) that a replica serves.
+    let selected: BTreeSet<&String> = nodes
+        .keys()
+        .filter(|n| serving.nodes.as_ref().is_none_or(|set| set.contains(*n)))
+        .filter(|n| serving.staged.as_ref().is_none_or(|st| st.contains(n)))
+        .collect();
+    let mut serving_n = 0;
+    let mut nacking = 0;
+    let mut rolled_back = 0;
+    let mut last_rollback: Option<(&String, &crate::kube::report::RollbackSeen)> = None;
+    for n in &selected {
+        let r = &nodes[*n];
+        if r.plugins.get(&s.xds_name) == Some(&serving.version) {
+            serving_n += 1;
+        }
+        if r.nacked
+            .get(&s.xds_name)
+            .is_some_and(|(v, _)| *v == serving.version)
+        {
+            nacking += 1;
+        }
+        let rb = r.rollbacks.iter().rfind(|rb| {
+            rb.plugin == s.xds_name && serving.sha256.as_ref().is_none_or(|h| *h == rb.sha256)
+        });
+        if let Some(rb) = rb {
+            rolled_back += 1;
+            if last_rollback.is_none_or(|(_, l)| l.at < rb.at) {
+                last_rollback = Some((n, rb));
+            }
+        }
+    }
+    let total = selected.len();
+    let all = serving_n == total;
+    let (reason, message) = if total == 0 {
+        (
+            "NoSelectedNodes",
+            "no connected node runs a workload this resource selects".to_owned(),
+        )
+    } else if all {
+        ("Serving", format!("served on all {total} selected nodes"))
+    } else {
+        (
+            "Pending",
+            format!(
+                "served on {serving_n} of {total} selected nodes ({nacking} NACKing, {rolled_back} rolled back)"
+            ),
+        )
+    };
+    let ready = condition(old, "Ready", all, reason, &message, s.generation, now);
+    let phase = if s.refused.is_some() {
+        "Refused"
+    } else if nacking > 0 || rolled_back > 0 {
+        "Degraded"
+    } else if serving.staged.is_some() {
+        "Staged"
+    } else if all {
+        "Ready"
+    } else {
+        "Pending"
+    };
+    let mut status = json!({
+        "observedGeneration": s.generation,
+        "phase": phase,
+        "conditions": [accepted, ready],
+        "nodes": {"selected": total, "serving": serving_n, "nacking": nacking, "rolledBack": rolled_back},
+        "readyNodes": format!("{serving_n}/{total}"),
+    });
+    if let Some(h) = &serving.sha256 {
+        status["servingSha256"] = json!(h);
+    }
+    if let Some((node, rb)) = last_rollback {
+        status["lastRollback"] =
+            json!({"node": node, "sha256": rb.sha256, "reason": rb.reason, "at": rb.at});
+    }
+    status
+}
+
+/// Whether two statuses differ in more than their conditions' transition times.
+fn differs(old: Option<&Value>, new: &Value) -> bool {
+    let strip = |v: &Value| {
+        let mut v = v.clone();
+        if let Some(cs) = v.get_mut("conditions").and_then(Value::as_array_mut) {
+            for c in cs {
+                if let Some(o) = c.as_object_mut() {
+                    o.remove("lastTransitionTime");
+                }
+            }
+        }
+        v
+    };
+    old.is_none_or(|o| strip(o) != strip(new))
+}
+
+/// While leading, keep every resource's status current.
+pub async fn run(
+    client: Client,
+    opts: KubeOptions,
+    resources: Arc<Resources>,
+    mut leader: tokio::sync::watch::Receiver<bool>,
+    stop: CancellationToken,
+) {
+    let mut changes = resources.subscribe();
+    // What this leader wrote, so a status it wrote is not written again before the watch shows it.
+    let mut written: BTreeMap<(String, String), Value> = BTreeMap::new();
+    loop {
+        if *leader.borrow_and_update() {
+            match read_all(&client, &opts).await {
+                Ok(nodes) => {
+                    let now =
+                        humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+                    let all = resources.all();
+                    written.retain(|k, _| all.contains_key(k));
+                    for ((ns, name), s) in all {
+                        let want = desired(&s, &nodes, &now);
+                        let key = (ns.clone(), name.clone());
+                        let current = written.get(&key).or(s.status.as_ref());
+                        if !differs(current, &want) {
+                            continue;
+                        }
+                        let api: Api<DynamicObject> =
+                            Api::namespaced_with(client.clone(), &ns, &weftplugin_resource());
+                        let patch = Patch::Merge(json!({"status": want}));
+                        match api
+                            .patch_status(&name, &PatchParams::default(), &patch)
+                            .await
+                        {
+                            Ok(_) => {
+                                tracing::debug!(namespace = %ns, name = %name, "status written");
+                                written.insert(key, want);
+                            }
+                            Err(e) => {
+                                tracing::warn!(namespace = %ns, name = %name, error = %e, "writing WeftPlugin status failed; retrying")
+                            }
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the replicas' reports failed; retrying")
+                }
+            }
+        } else {
+            written.clear();
+        }
+        tokio::select! {
+            () = tokio::time::sleep(opts.retry_period) => {}
+            r = changes.changed() => if r.is_err() { return },
+            r = leader.changed() => if r.is_err() { return },
+            () = stop.cancelled() => return,
+        }
+    }
+}
