@@ -93,6 +93,31 @@ impl Control {
         Ok(c)
     }
 
+    /// Start `weft-control` with exactly `args` (which must listen on `addr`), logging to `log_path`.
+    pub fn with_args(
+        control: &Path,
+        addr: SocketAddr,
+        args: Vec<String>,
+        log_path: &Path,
+    ) -> Result<Self, String> {
+        let mut c = Self {
+            child: None,
+            addr,
+            log_path: log_path.to_path_buf(),
+            args,
+            binary: control.to_path_buf(),
+        };
+        c.start()?;
+        Ok(c)
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
     fn start(&mut self) -> Result<(), String> {
         let log = std::fs::OpenOptions::new()
             .create(true)

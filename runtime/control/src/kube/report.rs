@@ -65,41 +65,30 @@ pub struct Report {
     pub nodes: BTreeMap<String, NodeReport>,
 }
 
-/// What this replica's registry says.
+/// What this replica's registry says. A node may hold several streams (its mesh and its plugin sources): its
+/// report is their union.
 pub fn of_registry(replica: &str, registry: &Registry) -> Report {
-    let mut nodes = BTreeMap::new();
+    let mut nodes: BTreeMap<String, NodeReport> = BTreeMap::new();
     for n in registry.nodes() {
-        let t = n.types.get(type_url::EXTENSION_CONFIG);
-        let r = NodeReport {
-            plugins: t.map(|t| t.acked.clone()).unwrap_or_default(),
-            nacked: t
-                .map(|t| {
-                    t.nacked
-                        .iter()
-                        .map(|(k, v)| (k.clone(), (v.version.clone(), v.reason.clone())))
-                        .collect()
-                })
-                .unwrap_or_default(),
-            rollbacks: n
-                .rollbacks
-                .iter()
-                .map(|r| RollbackSeen {
-                    plugin: r.plugin.clone(),
-                    sha256: r.rolled_back_sha256.clone(),
-                    reason: format!(
-                        "{} of {} calls failed ({} traps, {} timeouts) within {:.1}s; threshold {}",
-                        r.failures,
-                        r.calls,
-                        r.traps,
-                        r.timeouts,
-                        r.after_seconds,
-                        r.max_failure_ratio
-                    ),
-                    at: r.at.clone(),
-                })
-                .collect(),
-        };
-        nodes.insert(n.name.clone(), r);
+        let r = nodes.entry(n.name.clone()).or_default();
+        if let Some(t) = n.types.get(type_url::EXTENSION_CONFIG) {
+            r.plugins
+                .extend(t.acked.iter().map(|(k, v)| (k.clone(), v.clone())));
+            r.nacked.extend(
+                t.nacked
+                    .iter()
+                    .map(|(k, v)| (k.clone(), (v.version.clone(), v.reason.clone()))),
+            );
+        }
+        r.rollbacks.extend(n.rollbacks.iter().map(|r| RollbackSeen {
+            plugin: r.plugin.clone(),
+            sha256: r.rolled_back_sha256.clone(),
+            reason: format!(
+                "{} of {} calls failed ({} traps, {} timeouts) within {:.1}s; threshold {}",
+                r.failures, r.calls, r.traps, r.timeouts, r.after_seconds, r.max_failure_ratio
+            ),
+            at: r.at.clone(),
+        }));
     }
     Report {
         replica: replica.to_owned(),
