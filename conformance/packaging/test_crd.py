@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import json
 import re
 from pathlib import Path
 from typing import Any, Iterator
@@ -113,7 +114,7 @@ def test_fields_named_as_istios_wasmplugin():
     # The fields WasmPlugin has too (extensions.istio.io/v1alpha1, same commit as above), and weft's own.
     istio = {"url", "sha256", "imagePullPolicy", "imagePullSecret", "pluginConfig", "pluginName", "selector",
              "failStrategy", "priority"}
-    weft = {"kind", "directions", "rollout", "recheck"}
+    weft = {"kind", "directions", "rollout", "recheck", "shadow"}
     assert set(spec["properties"]) == istio | weft
     assert spec["required"] == ["url"]
     props = spec["properties"]
@@ -342,6 +343,10 @@ GOOD = {
     "rollout disabled": {"url": "r.example/a:1", "rollout": {"disabled": True}},
     "rollout disabled with a window": {"url": "r.example/a:1", "rollout": {"disabled": True, "window": "10s"}},
     "rollout not disabled, window only": {"url": "r.example/a:1", "rollout": {"disabled": False, "window": "2h"}},
+    "a shadow version": {"url": "r.example/a:1", "kind": "policy",
+                         "shadow": {"url": "r.example/a:2", "pluginConfig": {"ports": [8080]}}},
+    "an https shadow with its sha256": {"url": "r.example/a:1", "shadow": {"url": "https://p.example/b.wasm",
+                                                                          "sha256": SHA}},
 }
 
 FULL_STATUS = {
@@ -366,6 +371,12 @@ BAD = {
     "no url": ({"sha256": SHA}, "'url' is a required property"),
     "empty url": ({"url": ""}, "url"),
     "file:// code": ({"url": "file://plugins/a.wasm"}, "url"),
+    "file:// shadow": ({"url": "r.example/a:1", "shadow": {"url": "file:///a.wasm"}}, "url"),
+    "shadow without url": ({"url": "r.example/a:1", "shadow": {"sha256": SHA}}, "'url' is a required property"),
+    "https shadow without sha256": ({"url": "r.example/a:1", "shadow": {"url": "https://p.example/b.wasm"}},
+                                    "shadow.sha256 is required"),
+    "telemetry shadow": ({"url": "r.example/a:1", "kind": "telemetry", "shadow": {"url": "r.example/a:2"}},
+                         "shadow is for policy plugins"),
     "file:/// absolute": ({"url": "file:///etc/a.wasm"}, "url"),
     "http:// code": ({"url": "http://plugins.example.com/a.wasm", "sha256": SHA}, "url"),
     "another scheme": ({"url": "ftp://plugins.example.com/a.wasm"}, "url"),
@@ -449,6 +460,23 @@ def test_good_resources_pass(case):
 
 def test_a_full_status_passes():
     assert problems(resource(OCI, FULL_STATUS)) == []
+
+
+# What weft-control's leader writes, one per case of its status tests (runtime/control/src/kube/status/tests.rs
+# writes this file with WEFT_UPDATE_FIXTURES=1 and fails when it is stale): every one must fit the CRD.
+CONTROLLER_STATUSES = json.loads(
+    (Path(__file__).parent / "fixtures" / "weftplugin-statuses.json").read_text()
+)
+
+
+@pytest.mark.parametrize("index", range(len(CONTROLLER_STATUSES)))
+def test_the_controllers_statuses_fit_the_schema(index):
+    status = CONTROLLER_STATUSES[index]
+    assert problems(resource(OCI, status)) == [], json.dumps(status)
+
+
+def test_the_controllers_statuses_cover_every_phase():
+    assert {s["phase"] for s in CONTROLLER_STATUSES} == {"Pending", "Staged", "Ready", "Degraded", "Refused"}
 
 
 @pytest.mark.parametrize("case", sorted(BAD))

@@ -42,33 +42,45 @@ fn string_map(v: &Value, path: &str) -> Result<BTreeMap<String, String>, String>
         .collect()
 }
 
+/// `<at>.url`: required; no scheme is `oci://` (WasmPlugin's default); `file://` and `http://` refused.
+fn code_url(m: &mut Map<String, Value>, at: &str) -> Result<(), String> {
+    match m.get("url") {
+        Some(Value::String(u)) => {
+            let lower = u.to_ascii_lowercase();
+            if lower.starts_with("file://") {
+                return Err(format!(
+                    "{at}.url: {u:?}: file:// is not allowed in a WeftPlugin resource (a path on weft-control's \
+                     filesystem is neither namespaced nor reviewable; use oci:// or https://)"
+                ));
+            }
+            if lower.starts_with("http://") {
+                return Err(format!(
+                    "{at}.url: {u:?}: http:// is not allowed (nothing would protect the download); use oci:// or \
+                     https:// with sha256"
+                ));
+            }
+            if !u.contains("://") {
+                let with_scheme = format!("oci://{u}");
+                m.insert("url".into(), Value::String(with_scheme));
+            }
+            Ok(())
+        }
+        Some(_) => Err(format!("{at}.url: expected a string")),
+        None => Err(format!("{at}.url: required")),
+    }
+}
+
 /// Check the resource-only fields and rewrite the rest into the file form.
 pub fn extract(spec: Option<&Value>) -> Result<Extracted, String> {
     let Some(Value::Object(spec)) = spec else {
         return Err("spec: required, and a map".into());
     };
     let mut out = spec.clone();
-    match out.get("url") {
-        Some(Value::String(u)) => {
-            let lower = u.to_ascii_lowercase();
-            if lower.starts_with("file://") {
-                return Err(format!(
-                    "spec.url: {u:?}: file:// is not allowed in a WeftPlugin resource (a path on weft-control's \
-                     filesystem is neither namespaced nor reviewable; use oci:// or https://)"
-                ));
-            }
-            if lower.starts_with("http://") {
-                return Err(format!(
-                    "spec.url: {u:?}: http:// is not allowed (nothing would protect the download); use oci:// or \
-                     https:// with sha256"
-                ));
-            }
-            if !u.contains("://") {
-                out.insert("url".into(), Value::String(format!("oci://{u}")));
-            }
-        }
-        Some(_) => return Err("spec.url: expected a string".into()),
-        None => return Err("spec.url: required".into()),
+    code_url(&mut out, "spec")?;
+    match out.get_mut("shadow") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(shadow)) => code_url(shadow, "spec.shadow")?,
+        Some(_) => return Err("spec.shadow: expected a map".into()),
     }
     if let Some(p) = out.get("priority") {
         let p = p

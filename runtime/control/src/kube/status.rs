@@ -59,7 +59,15 @@ pub fn desired(s: &ResourceState, nodes: &BTreeMap<String, NodeReport>, now: &st
             s.generation,
             now,
         ),
-        Some(why) => condition(old, "Accepted", false, "Refused", why, s.generation, now),
+        Some(why) => condition(
+            old,
+            "Accepted",
+            false,
+            "Refused",
+            &bounded(why, 32768),
+            s.generation,
+            now,
+        ),
     };
     let Some(serving) = &s.serving else {
         let ready = condition(
@@ -146,14 +154,36 @@ pub fn desired(s: &ResourceState, nodes: &BTreeMap<String, NodeReport>, now: &st
         "nodes": {"selected": total, "serving": serving_n, "nacking": nacking, "rolledBack": rolled_back},
         "readyNodes": format!("{serving_n}/{total}"),
     });
-    if let Some(h) = &serving.sha256 {
+    if let Some(h) = serving.sha256.as_ref().filter(|h| is_sha256(h)) {
         status["servingSha256"] = json!(h);
     }
-    if let Some((node, rb)) = last_rollback {
-        status["lastRollback"] =
-            json!({"node": node, "sha256": rb.sha256, "reason": rb.reason, "at": rb.at});
+    if let Some((node, rb)) = last_rollback
+        && is_sha256(&rb.sha256)
+    {
+        status["lastRollback"] = json!({
+            "node": node,
+            "sha256": rb.sha256,
+            "reason": bounded(&rb.reason, 4096),
+            "at": rb.at,
+        });
     }
     status
+}
+
+fn is_sha256(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// At most `max` bytes of `s` (the CRD bounds status strings), cut at a character boundary.
+fn bounded(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max.saturating_sub(3);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &s[..end])
 }
 
 /// Whether two statuses differ in more than their conditions' transition times.
@@ -171,6 +201,9 @@ fn differs(old: Option<&Value>, new: &Value) -> bool {
     };
     old.is_none_or(|o| strip(o) != strip(new))
 }
+
+#[cfg(test)]
+mod tests;
 
 /// While leading, keep every resource's status current.
 pub async fn run(

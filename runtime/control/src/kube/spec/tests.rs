@@ -159,6 +159,18 @@ fn the_resource_becomes_the_model_with_wasmplugin_priority_and_default_scheme() 
 }
 
 #[test]
+fn a_shadow_takes_the_default_scheme_and_travels_with_the_serving_version() {
+    let (e, _) = build(
+        "shop",
+        json!({"url": "r.example/p:v1", "shadow": {"url": "r.example/p:v2", "pluginConfig": {"ports": []}}}),
+        None,
+    )
+    .unwrap();
+    let text = format!("{:?}", message(&e));
+    assert!(text.contains("oci://r.example/p:v2"), "{text}");
+}
+
+#[test]
 fn the_same_resource_gives_the_same_version_every_time() {
     let spec = json!({"url": "oci://r.example/p:v1", "pluginConfig": {"b": 1, "a": [2, 3]}, "selector": {"matchLabels": {"app": "web"}}});
     let one = build("shop", spec.clone(), Some(b"x".to_vec())).unwrap().0;
