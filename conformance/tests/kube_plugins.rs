@@ -187,8 +187,10 @@ fn lease_holder(api: &ApiServer) -> Option<String> {
         .map(str::to_owned)
 }
 
-fn replica(dir: &Path, api: &ApiServer, name: &str) -> Control {
+/// A replica and its status endpoint.
+fn replica(dir: &Path, api: &ApiServer, name: &str) -> (Control, SocketAddr) {
     let addr = free_port().unwrap();
+    let status = free_port().unwrap();
     let args: Vec<String> = [
         "--listen",
         &addr.to_string(),
@@ -208,7 +210,7 @@ fn replica(dir: &Path, api: &ApiServer, name: &str) -> Control {
         "--leader-retry-period",
         "200ms",
         "--status",
-        "off",
+        &status.to_string(),
         "--metrics",
         "off",
         "--log-json",
@@ -218,13 +220,21 @@ fn replica(dir: &Path, api: &ApiServer, name: &str) -> Control {
     .iter()
     .map(|s| (*s).to_owned())
     .collect();
-    Control::with_args(
+    let c = Control::with_args(
         &weft_devmesh::control_binary().unwrap(),
         addr,
         args,
         &dir.join(format!("{name}.log")),
     )
-    .unwrap()
+    .unwrap();
+    (c, status)
+}
+
+/// A replica's `/status` document.
+async fn control_status(at: SocketAddr) -> Value {
+    let (code, body) = weft_devmesh::http::get(at, "/status").await.unwrap();
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -287,12 +297,12 @@ async fn weftplugins_by_namespace_from_two_replicas_to_three_nodes() {
     .unwrap();
 
     // Replica 1 first, so it leads; then replica 2.
-    let mut r1 = replica(d, &api, "weft-control-1");
+    let (mut r1, r1_status) = replica(d, &api, "weft-control-1");
     eventually(WAIT, "replica 1 holds the Lease", || async {
         (lease_holder(&api).as_deref() == Some("weft-control-1")).then_some(())
     })
     .await;
-    let r2 = replica(d, &api, "weft-control-2");
+    let (r2, r2_status) = replica(d, &api, "weft-control-2");
     for r in [&r1, &r2] {
         eventually(WAIT, "both replicas serve", || async {
             r.log_lines()
@@ -375,6 +385,22 @@ async fn weftplugins_by_namespace_from_two_replicas_to_three_nodes() {
         "{s}"
     );
     assert_eq!(s["phase"], "Refused", "{s}");
+    // Each replica's status page says the same of the resource, and which of them leads.
+    for (at, leads) in [(r1_status, true), (r2_status, false)] {
+        let doc = control_status(at).await;
+        let c = &doc["controller"];
+        assert_eq!(c["leader"], leads, "{doc}");
+        let broken = c["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["namespace"] == "blog" && r["name"] == "broken")
+            .unwrap_or_else(|| panic!("{doc}"));
+        assert!(
+            broken["refused"].as_str().unwrap().contains("file://"),
+            "{doc}"
+        );
+    }
     let before = loads(&a).await["shop.allow"];
     api.apply(plugin("shop", "allow", &url, &sha, &[8080, 8081], None))
         .unwrap();

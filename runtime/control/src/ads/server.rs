@@ -138,7 +138,14 @@ pub async fn start(cfg: ControlConfig) -> Result<Running, Error> {
         }
         None => None,
     };
+    let view = controller
+        .as_ref()
+        .map(|c| crate::ads::status::ControllerView {
+            resources: c.state.clone(),
+            leader: c.leader.clone(),
+        });
     let status = Arc::new(Status {
+        controller: view,
         publisher: publisher.clone(),
         registry: registry.clone(),
         log: cfg.log.clone(),

@@ -30,6 +30,39 @@ pub struct Status {
     pub log: Option<Arc<dyn LogLevel>>,
     /// Cancelled by `POST /quitquitquit`.
     pub stop: tokio_util::sync::CancellationToken,
+    /// The WeftPlugin controller's view, with `--plugins-from-kube`: each resource and whether this replica leads.
+    pub controller: Option<ControllerView>,
+}
+
+/// What the status page shows of the WeftPlugin controller.
+#[derive(Debug, Clone)]
+pub struct ControllerView {
+    /// Each resource's state.
+    pub resources: Arc<crate::kube::reconcile::Resources>,
+    /// Whether this replica leads.
+    pub leader: tokio::sync::watch::Receiver<bool>,
+}
+
+impl ControllerView {
+    fn document(&self) -> Value {
+        let resources: Vec<Value> = self
+            .resources
+            .all()
+            .into_iter()
+            .map(|((ns, name), s)| {
+                json!({
+                    "namespace": ns,
+                    "name": name,
+                    "generation": s.generation,
+                    "plugin": s.xds_name,
+                    "refused": s.refused,
+                    "version": s.serving.as_ref().map(|v| v.version.clone()),
+                    "nodes": s.serving.as_ref().and_then(|v| v.nodes.clone()),
+                })
+            })
+            .collect();
+        json!({"leader": *self.leader.borrow(), "resources": resources})
+    }
 }
 
 impl Status {
@@ -123,6 +156,7 @@ impl Status {
             "plugins": plugins,
             "connectedNodes": nodes.len(),
             "nodes": nodes,
+            "controller": self.controller.as_ref().map(ControllerView::document),
         })
     }
 }

@@ -273,3 +273,6 @@ pub fn describe(publisher: &Publisher, states: &BTreeMap<(String, String), Resou
         publisher.record_refused(SourceKind::Plugins, &refused.join("; "));
     }
 }
+
+#[cfg(test)]
+mod tests;
