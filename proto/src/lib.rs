@@ -117,6 +117,8 @@ pub mod type_url {
         "type.googleapis.com/envoy.extensions.wasm.v3.PluginConfig";
     /// The rollback figures in a NACK's details.
     pub const ROLLBACK_REPORT: &str = "type.googleapis.com/weft.plugin.v1.RollbackReport";
+    /// `weft.plugin.v1.ShadowReport` (in a report's `error_detail.details`).
+    pub const SHADOW_REPORT: &str = "type.googleapis.com/weft.plugin.v1.ShadowReport";
     /// `google.protobuf.StringValue` (istiod's encoding of a Wasm plugin's JSON configuration).
     pub const STRING_VALUE: &str = "type.googleapis.com/google.protobuf.StringValue";
     /// `google.protobuf.BytesValue`.

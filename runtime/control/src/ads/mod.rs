@@ -20,6 +20,7 @@ pub mod registry;
 pub mod resources;
 pub mod server;
 pub mod service;
+pub mod shadow;
 pub mod status;
 pub mod stream;
 

@@ -143,6 +143,8 @@ pub struct NodeRecord {
     pub types: BTreeMap<String, TypeRecord>,
     /// Rollbacks reported on this stream, newest last.
     pub rollbacks: VecDeque<RollbackRecord>,
+    /// The latest shadow report of each plugin on this stream.
+    pub shadows: BTreeMap<String, crate::ads::shadow::ShadowRecord>,
 }
 
 /// Split a NACK message into per-resource reasons: lines (or `; `-separated parts) of the form `name: reason`
@@ -378,6 +380,26 @@ impl Registry {
             while rec.rollbacks.len() > KEEP {
                 rec.rollbacks.pop_front();
             }
+        }
+        drop(g);
+        self.bump();
+    }
+
+    /// A report the node sent on its own (`error_detail` code 0): its shadow reports are kept, by plugin.
+    pub fn report(&self, stream: u64, type_url: &str, report: &weft_proto::google::rpc::Status) {
+        let shadows = crate::ads::shadow::reports(&report.details);
+        if shadows.is_empty() {
+            tracing::debug!(stream, r#type = %type_url, message = %report.message, "report with nothing weft control reads; ignored");
+            return;
+        }
+        let mut g = lock(&self.nodes);
+        let Some(rec) = g.get_mut(&stream) else {
+            return;
+        };
+        for r in &shadows {
+            let record = crate::ads::shadow::ShadowRecord::from_report(r);
+            tracing::debug!(stream, node = %rec.name, plugin = %r.plugin, decisions = record.total(), divergences = record.divergences, "shadow report");
+            rec.shadows.insert(r.plugin.clone(), record);
         }
         drop(g);
         self.bump();

@@ -141,6 +141,7 @@ impl Status {
                     "plugins": runs,
                     "nacked": nacked,
                     "rollbacks": n.rollbacks,
+                    "shadows": n.shadows,
                     "types": n.types,
                 })
             })

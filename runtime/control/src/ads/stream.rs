@@ -116,6 +116,7 @@ pub async fn run(
         connected_at: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
         types: BTreeMap::new(),
         rollbacks: Default::default(),
+        shadows: Default::default(),
     });
     let span = tracing::info_span!("node", stream, node = %node.id);
     let mut s = NodeStream {
@@ -178,6 +179,9 @@ impl NodeStream {
             }
             Some(Answer::Stale { nonce }) => {
                 tracing::debug!(%nonce, "ACK of an unknown or forgotten response");
+            }
+            Some(Answer::Report { report }) => {
+                self.registry.report(self.stream, type_url, report);
             }
             Some(Answer::Nack { nonce, sent, error }) => {
                 let rollbacks = rollback_reports(error);

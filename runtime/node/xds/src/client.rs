@@ -219,6 +219,32 @@ impl XdsHandle {
         Ok(NackSent::Sent)
     }
 
+    /// Send a report on the node's own initiative (e.g. a plugin's `ShadowReport`): a request of `type_url` with no
+    /// nonce and `error_detail` of code 0 (OK) carrying `details`, which weft-control records and never takes for a
+    /// NACK. `false`: no stream is open (the caller sends a fresh report later).
+    pub fn report(&self, type_url: &str, message: &str, details: Vec<Any>) -> Result<bool, Error> {
+        if !self.shared.slots.contains_key(type_url) {
+            return Err(Error::Config(format!(
+                "xDS source {} does not subscribe to {type_url}",
+                self.shared.cfg.name
+            )));
+        }
+        let req = DeltaDiscoveryRequest {
+            type_url: type_url.to_owned(),
+            error_detail: Some(Status {
+                code: 0,
+                message: message.to_owned(),
+                details,
+            }),
+            ..Default::default()
+        };
+        let sent = match lock(&self.shared.stream).as_ref() {
+            Some(s) => s.tx.send(req).is_ok(),
+            None => false,
+        };
+        Ok(sent)
+    }
+
     /// Stop the client: the stream is closed and the tasks end. What the handlers applied stays applied.
     pub fn stop(&self) {
         self.shared.stop.send_replace(true);

@@ -38,6 +38,12 @@ pub enum Answer {
         /// Why.
         error: weft_proto::google::rpc::Status,
     },
+    /// `error_detail` with code 0 (OK) and no nonce: not an answer but a report the node sends on its own (e.g.
+    /// weft's `ShadowReport`), in `details`. No pending response is touched.
+    Report {
+        /// What it carried.
+        report: weft_proto::google::rpc::Status,
+    },
     /// An ACK of a nonce that names no pending response (unknown, answered before, or forgotten beyond
     /// [`MAX_PENDING`]): nothing to record.
     Stale {
@@ -95,6 +101,14 @@ impl TypeSubscription {
     /// Match an ACK or NACK to the pending response its nonce names (which is then no longer pending).
     pub(super) fn answer(&mut self, req: &DeltaDiscoveryRequest) -> Answer {
         let nonce = req.response_nonce.clone();
+        if let Some(report) = &req.error_detail
+            && report.code == 0
+            && nonce.is_empty()
+        {
+            return Answer::Report {
+                report: report.clone(),
+            };
+        }
         let sent = nonce
             .parse::<u64>()
             .ok()

@@ -292,6 +292,49 @@ fn a_nack_carries_its_error_and_what_it_refused() {
 }
 
 #[test]
+fn a_report_is_neither_an_ack_nor_a_nack_and_leaves_pending_responses() {
+    let mut s = DeltaStream::new();
+    let (_, push) = exchange(&mut s, &request(&[], &[]), &offer(&[("a", Some("1"))]));
+    let nonce = push.unwrap().response.nonce;
+    let report = DeltaDiscoveryRequest {
+        type_url: T.into(),
+        error_detail: Some(weft_proto::google::rpc::Status {
+            code: 0,
+            message: "shadow report".into(),
+            details: vec![any("figures")],
+        }),
+        ..Default::default()
+    };
+    match s.receive(&report).answer {
+        Some(Answer::Report { report }) => {
+            assert_eq!(report.message, "shadow report");
+            assert_eq!(report.details, vec![any("figures")]);
+        }
+        other => panic!("expected a report, got {other:?}"),
+    }
+    assert_eq!(
+        s.subscription(T).unwrap().pending(),
+        1,
+        "the response is still pending"
+    );
+    assert!(matches!(
+        s.receive(&ack(&nonce)).answer,
+        Some(Answer::Ack { .. })
+    ));
+    // Code 0 on a nonce is no report: it answers that response (as a NACK, the error_detail being set).
+    let (_, push) = exchange(&mut s, &request(&[], &[]), &offer(&[("a", Some("2"))]));
+    let _ = push;
+    let with_nonce = DeltaDiscoveryRequest {
+        response_nonce: "1".into(),
+        ..report
+    };
+    assert!(!matches!(
+        s.receive(&with_nonce).answer,
+        Some(Answer::Report { .. })
+    ));
+}
+
+#[test]
 fn an_unknown_or_stale_nonce_is_ignored() {
     let mut s = DeltaStream::new();
     let (_, push) = exchange(&mut s, &request(&[], &[]), &offer(&[("a", Some("1"))]));
