@@ -477,6 +477,7 @@ def test_the_controllers_statuses_fit_the_schema(index):
 
 def test_the_controllers_statuses_cover_every_phase():
     assert {s["phase"] for s in CONTROLLER_STATUSES} == {"Pending", "Staged", "Ready", "Degraded", "Refused"}
+    assert any(s.get("shadow", {}).get("samples") for s in CONTROLLER_STATUSES)
 
 
 @pytest.mark.parametrize("case", sorted(BAD))

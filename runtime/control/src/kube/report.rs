@@ -37,6 +37,9 @@ pub struct NodeReport {
     pub nacked: BTreeMap<String, (String, String)>,
     /// Rollbacks it reported, oldest first: (xDS name, sha256 rolled back, summary, when).
     pub rollbacks: Vec<RollbackSeen>,
+    /// Its latest shadow report of each plugin, by xDS name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub shadows: BTreeMap<String, crate::ads::shadow::ShadowRecord>,
 }
 
 /// A rollback a node reported.
@@ -80,6 +83,8 @@ pub fn of_registry(replica: &str, registry: &Registry) -> Report {
                     .map(|(k, v)| (k.clone(), (v.version.clone(), v.reason.clone()))),
             );
         }
+        r.shadows
+            .extend(n.shadows.iter().map(|(k, v)| (k.clone(), v.clone())));
         r.rollbacks.extend(n.rollbacks.iter().map(|r| RollbackSeen {
             plugin: r.plugin.clone(),
             sha256: r.rolled_back_sha256.clone(),

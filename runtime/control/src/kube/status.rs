@@ -157,6 +157,9 @@ pub fn desired(s: &ResourceState, nodes: &BTreeMap<String, NodeReport>, now: &st
     if let Some(h) = serving.sha256.as_ref().filter(|h| is_sha256(h)) {
         status["servingSha256"] = json!(h);
     }
+    if let Some(sh) = shadow(&s.xds_name, &selected, nodes) {
+        status["shadow"] = sh;
+    }
     if let Some((node, rb)) = last_rollback
         && is_sha256(&rb.sha256)
     {
@@ -168,6 +171,52 @@ pub fn desired(s: &ResourceState, nodes: &BTreeMap<String, NodeReport>, now: &st
         });
     }
     status
+}
+
+/// What the shadow version decided on the selected nodes that report one: the newest report's sha256, totals, and
+/// the newest samples with their node.
+fn shadow(
+    plugin: &str,
+    selected: &BTreeSet<&String>,
+    nodes: &BTreeMap<String, NodeReport>,
+) -> Option<Value> {
+    let records: Vec<(&String, &crate::ads::shadow::ShadowRecord)> = selected
+        .iter()
+        .filter_map(|n| nodes[*n].shadows.get(plugin).map(|r| (*n, r)))
+        .collect();
+    let newest = records.iter().max_by(|a, b| a.1.at.cmp(&b.1.at))?;
+    let mut samples: Vec<(&String, &crate::ads::shadow::Sample, &String)> = records
+        .iter()
+        .flat_map(|(n, r)| r.samples.iter().map(move |s| (*n, s, &r.at)))
+        .collect();
+    samples.sort_by(|a, b| a.2.cmp(b.2));
+    let keep = samples.len().saturating_sub(crate::ads::shadow::SAMPLES);
+    let samples: Vec<Value> = samples
+        .into_iter()
+        .skip(keep)
+        .map(|(n, s, _)| {
+            let mut v = serde_json::to_value(s).unwrap_or_default();
+            if let Some(o) = v.as_object_mut() {
+                for (_, text) in o.iter_mut() {
+                    if let Some(t) = text.as_str() {
+                        *text = json!(bounded(t, 1024));
+                    }
+                }
+                o.insert("node".into(), json!(n));
+            }
+            v
+        })
+        .collect();
+    let mut out = json!({
+        "nodes": records.len(),
+        "decisions": records.iter().map(|(_, r)| r.total()).sum::<u64>(),
+        "divergences": records.iter().map(|(_, r)| r.divergences).sum::<u64>(),
+        "samples": samples,
+    });
+    if is_sha256(&newest.1.shadow_sha256) {
+        out["sha256"] = json!(newest.1.shadow_sha256);
+    }
+    Some(out)
 }
 
 fn is_sha256(s: &str) -> bool {

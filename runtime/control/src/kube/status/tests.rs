@@ -166,6 +166,66 @@ fn statuses_from_reports() {
     assert_eq!(st["readyNodes"], "1/1");
     all.push(st);
 
+    // Shadow reports from the selected nodes: totals and the newest samples, with their node.
+    let mut shadowed = nodes.clone();
+    let record = |at: &str, allow_deny: u64, allow_allow: u64| crate::ads::shadow::ShadowRecord {
+        serving_sha256: SHA.into(),
+        shadow_sha256: "b".repeat(64),
+        load_error: None,
+        decisions: vec![
+            crate::ads::shadow::Decisions {
+                direction: "inbound".into(),
+                serving: "allow".into(),
+                shadow: "deny".into(),
+                count: allow_deny,
+            },
+            crate::ads::shadow::Decisions {
+                direction: "inbound".into(),
+                serving: "allow".into(),
+                shadow: "allow".into(),
+                count: allow_allow,
+            },
+        ],
+        divergences: allow_deny,
+        skipped: 0,
+        samples: vec![crate::ads::shadow::Sample {
+            direction: "inbound".into(),
+            source: "10.0.0.1:40000".into(),
+            destination: "10.0.0.2:9090".into(),
+            source_identity: "spiffe://cluster.local/ns/shop/sa/web".into(),
+            source_workload: "shop/web-1".into(),
+            destination_workload: "shop/db-1".into(),
+            serving: "allow".into(),
+            serving_reason: String::new(),
+            shadow: "deny".into(),
+            shadow_reason: "port 9090 is not allowed".into(),
+        }],
+        at: at.into(),
+    };
+    shadowed.get_mut("node-a").unwrap().shadows.insert(
+        "shop.allow".into(),
+        record("2026-12-07T09:00:00.000Z", 3, 10),
+    );
+    shadowed.get_mut("node-b").unwrap().shadows.insert(
+        "shop.allow".into(),
+        record("2026-12-07T09:30:00.000Z", 1, 5),
+    );
+    // node-c reports too, but is not selected: not counted.
+    shadowed.get_mut("node-c").unwrap().shadows.insert(
+        "shop.allow".into(),
+        record("2026-12-07T09:45:00.000Z", 100, 0),
+    );
+    let sh = desired(&state(Some(&["node-a", "node-b"]), None), &shadowed, NOW);
+    assert_eq!(sh["shadow"]["nodes"], 2);
+    assert_eq!(sh["shadow"]["decisions"], 19);
+    assert_eq!(sh["shadow"]["divergences"], 4);
+    assert_eq!(sh["shadow"]["sha256"], "b".repeat(64));
+    let samples = sh["shadow"]["samples"].as_array().unwrap();
+    assert_eq!(samples.len(), 2);
+    assert_eq!(samples[1]["node"], "node-b", "newest last");
+    assert_eq!(samples[0]["shadowReason"], "port 9090 is not allowed");
+    all.push(sh);
+
     // A very long refusal is bounded as the CRD bounds it.
     let long = desired(&state(None, Some(&"x".repeat(40_000))), &nodes, NOW);
     assert!(cond(&long, "Accepted")["message"].as_str().unwrap().len() <= 32768);
