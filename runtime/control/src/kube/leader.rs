@@ -40,7 +40,10 @@ async fn try_lead(
     seen: &mut Observed,
 ) -> Result<bool, kube::Error> {
     let me = opts.replica.as_str();
-    let duration = i32::try_from(opts.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX);
+    // Rounded up: a Lease saying less than the duration would let another replica take it over while this one,
+    // unable to renew, still leads (it steps down only after two thirds of the duration).
+    let secs = opts.lease_duration.as_secs() + u64::from(opts.lease_duration.subsec_nanos() > 0);
+    let duration = i32::try_from(secs.max(1)).unwrap_or(i32::MAX);
     let Some(mut lease) = api.get_opt(LEASE).await? else {
         let lease = Lease {
             metadata: ObjectMeta {
@@ -128,7 +131,13 @@ pub async fn run(
     let mut renewed: Option<Instant> = None;
     let deadline = opts.lease_duration * 2 / 3;
     loop {
-        let leads = match try_lead(&api, &opts, &mut seen).await {
+        // Bounded: a request that gets no answer (a stalled connection) must not keep this replica leading past
+        // the point where another may take the Lease over.
+        let tried = match tokio::time::timeout(deadline, try_lead(&api, &opts, &mut seen)).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(_) => Err(format!("no answer within {deadline:?}")),
+        };
+        let leads = match tried {
             Ok(true) => {
                 renewed = Some(Instant::now());
                 true
