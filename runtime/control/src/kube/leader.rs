@@ -161,7 +161,10 @@ pub async fn run(
             () = stop.cancelled() => {
                 if *leader.borrow() {
                     leader.send_replace(false);
-                    release(&api, &opts).await;
+                    // Bounded: a stalled API must not hold up the shutdown (the Lease then lapses on its own).
+                    if tokio::time::timeout(opts.lease_duration, release(&api, &opts)).await.is_err() {
+                        tracing::warn!(lease = LEASE, "releasing the leader Lease timed out; it lapses on its own");
+                    }
                 }
                 return;
             }

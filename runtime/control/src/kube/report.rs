@@ -210,6 +210,7 @@ pub async fn read_all(
             }
         };
         let Ok(at) = humantime::parse_rfc3339_weak(&report.updated_at) else {
+            tracing::warn!(configmap = %name, updated_at = %report.updated_at, "replica report without a readable updatedAt ignored");
             continue;
         };
         if SystemTime::now()
