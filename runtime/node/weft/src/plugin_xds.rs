@@ -1,7 +1,8 @@
 //! The node's plugin source: a second Delta ADS stream (usually `weft-control`; istiod serves no plugins) for
 //! extension configs (ECDS `TypedExtensionConfig`, one per plugin), handled by `weft-plugin-xds`: code fetched
 //! and verified off the data path, specs put into the state as a source of their own, ACKed only once the plugin
-//! host serves them, and every automatic rollback reported back as an unsolicited NACK.
+//! host serves them, every automatic rollback reported back as an unsolicited NACK, and the shadow figures that
+//! changed reported every `--plugin-shadow-report-interval`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -75,6 +76,20 @@ pub fn start(
                 tracing::warn!(plugin = name, error = %e, "cannot report the rollback to the control plane");
             }
         }),
+    );
+    let reporter = handle.clone();
+    weft_plugin_xds::spawn_shadow_reporter(
+        host,
+        Arc::new(move |details: &[prost_types::Any]| {
+            match reporter.report(EXTENSION_CONFIG, "shadow report", details.to_vec()) {
+                Ok(sent) => sent,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot report the shadow figures to the control plane");
+                    false
+                }
+            }
+        }),
+        args.plugin_shadow_report_interval,
     );
     Ok(Some(handle))
 }

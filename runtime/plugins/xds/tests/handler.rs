@@ -13,7 +13,9 @@ use futures_util::future::BoxFuture;
 use weft_hooks::ConnectionHooks;
 use weft_plugin_host::testing::{build_plugin, conn};
 use weft_plugin_host::{HostConfig, ManualClock, PluginHost};
-use weft_plugin_xds::{EcdsHandler, PluginSink, Resource, spawn_rollback_reporter};
+use weft_plugin_xds::{
+    EcdsHandler, PluginSink, Resource, spawn_rollback_reporter, spawn_shadow_reporter,
+};
 use weft_proto::envoy::config::core::v3 as core;
 use weft_proto::envoy::extensions::wasm::v3::{self as wasm, plugin_config::Vm};
 use weft_proto::type_url;
@@ -364,6 +366,34 @@ async fn a_shadow_is_carried_into_the_state_and_decides_beside_the_serving_versi
     })
     .await;
     assert_eq!(r.sha256, Some(weft_fetch::sha256_hex(&allowlist)));
+    // The shadow reporter sends those figures, with the serving version's sha256, as a weft.plugin.v1.ShadowReport.
+    let sent: Arc<Mutex<Vec<prost_types::Any>>> = Arc::default();
+    let record = sent.clone();
+    let reporter = spawn_shadow_reporter(
+        &n.host,
+        Arc::new(move |details: &[prost_types::Any]| {
+            record.lock().unwrap().extend_from_slice(details);
+            true
+        }),
+        Duration::from_millis(20),
+    );
+    let any = weft_testkit::eventually("the shadow report sent", || {
+        std::future::ready(sent.lock().unwrap().first().cloned())
+    })
+    .await;
+    reporter.abort();
+    assert_eq!(any.type_url, type_url::SHADOW_REPORT);
+    let report: weft::ShadowReport = prost::Message::decode(any.value.as_slice()).unwrap();
+    assert_eq!(report.plugin, "ports");
+    assert_eq!(report.serving_sha256, weft_fetch::sha256_hex(&allowlist));
+    assert_eq!(report.shadow_sha256, weft_fetch::sha256_hex(&allowlist));
+    assert!(
+        report
+            .decisions
+            .iter()
+            .any(|c| c.direction == "inbound" && c.serving == "allow" && c.shadow == "deny"),
+        "{report:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -113,6 +113,40 @@ fn an_epoch_tick_outside_what_can_enforce_the_call_deadline_is_refused() {
 }
 
 #[test]
+fn the_shadow_report_interval_defaults_to_10s_and_zero_is_refused() {
+    let c = parse(&[]).unwrap();
+    assert_eq!(
+        c.plugin_xds.plugin_shadow_report_interval,
+        Duration::from_secs(10)
+    );
+    let c = parse(&["--plugin-shadow-report-interval", "1m"]).unwrap();
+    assert_eq!(
+        c.plugin_xds.plugin_shadow_report_interval,
+        Duration::from_secs(60)
+    );
+    for bad in ["0s", "0", "soon"] {
+        let err = parse(&["--plugin-shadow-report-interval", bad]).unwrap_err();
+        assert!(
+            err.contains("--plugin-shadow-report-interval"),
+            "{bad}: {err}"
+        );
+    }
+    let err = parse(&["--plugin-shadow-report-interval", "0s"]).unwrap_err();
+    assert!(err.contains("must not be zero"), "{err}");
+    // From the file too, named by its flag.
+    let err = with_file("pluginXds:\n  pluginShadowReportInterval: 0s\n", &[]).unwrap_err();
+    assert!(
+        err.starts_with("--plugin-shadow-report-interval: must not be zero"),
+        "{err}"
+    );
+    let c = with_file("pluginXds:\n  pluginShadowReportInterval: 30s\n", &[]).unwrap();
+    assert_eq!(
+        c.plugin_xds.plugin_shadow_report_interval,
+        Duration::from_secs(30)
+    );
+}
+
+#[test]
 fn the_config_file_fills_what_no_flag_gave_and_flags_win() {
     let yaml = "node: from-file\ncaDir: /etc/ca\nsocks5: off\nworkerThreads: 3\n\
                 ca:\n  caKind: istio\n  caTimeout: 30s\ntuning:\n  logLinger: 0s\n  pluginRolloutMinCalls: 7\n";

@@ -1,7 +1,7 @@
 //! The checks a [`NodeConfig`] passes before anything starts, whatever it was read from (a flag's parser checks
 //! its own value; a value from the config file is checked here too).
 
-use super::values::{check_epoch_tick, check_ratio};
+use super::values::{check_epoch_tick, check_nonzero, check_ratio};
 use super::{ConfigError, NodeConfig};
 
 impl NodeConfig {
@@ -21,6 +21,8 @@ impl NodeConfig {
         }
         check_epoch_tick(self.tuning.plugin_epoch_tick)
             .map_err(|e| ConfigError::invalid("--plugin-epoch-tick", e))?;
+        check_nonzero(self.plugin_xds.plugin_shadow_report_interval)
+            .map_err(|e| ConfigError::invalid("--plugin-shadow-report-interval", e))?;
         check_ratio(self.tuning.plugin_rollout_max_failure_ratio)
             .map_err(|e| ConfigError::invalid("--plugin-rollout-max-failure-ratio", e))?;
         if self.log.is_empty() {

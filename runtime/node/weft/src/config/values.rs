@@ -102,6 +102,19 @@ pub(crate) fn parse_epoch_tick(s: &str) -> Result<Duration, String> {
     check_epoch_tick(d)
 }
 
+/// A period that must not be zero (a zero interval would spin).
+pub(crate) fn check_nonzero(d: Duration) -> Result<Duration, String> {
+    if d.is_zero() {
+        return Err("must not be zero (e.g. 10s)".to_string());
+    }
+    Ok(d)
+}
+
+pub(crate) fn parse_nonzero_duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))?;
+    check_nonzero(d)
+}
+
 /// A share within 0..1.
 pub(crate) fn check_ratio(v: f64) -> Result<f64, String> {
     if (0.0..=1.0).contains(&v) {
