@@ -32,6 +32,8 @@ pub struct XdsMesh {
     pub b: NodeProcess,
     /// The control plane.
     pub control: Control,
+    /// Its status endpoint (`GET /status`).
+    pub control_status: SocketAddr,
     /// The mesh file weft-control serves.
     pub mesh_file: PathBuf,
     /// Scratch directory.
@@ -68,6 +70,7 @@ impl XdsMesh {
                 .map_err(|e| format!("echo server on {ip}: {e}"))?;
             echo.push(t);
         }
+        let control_status = free_port()?;
         let control = Control::spawn(
             &weft_devmesh::control_binary()?,
             free_port()?,
@@ -75,7 +78,7 @@ impl XdsMesh {
             &tokens_file,
             &mesh_file,
             opts.plugins_dir.as_deref(),
-            None,
+            Some(control_status),
             &dir.path().join("control.log"),
         )?;
         let root = ca.join("root-cert.pem");
@@ -108,6 +111,7 @@ impl XdsMesh {
             a,
             b,
             control,
+            control_status,
             mesh_file,
             dir,
             echo,

@@ -3,7 +3,8 @@
 //! on both nodes and changes the verdict of the next connection; a broken one is NACKed with its reason while the
 //! rest of the batch applies and a live connection keeps flowing; a pinned sha256 that does not match the pulled
 //! image is refused; a new version that starts trapping is rolled back and reported, a healthy one is not; a shadow
-//! version that would deny what the serving one allows changes no verdict and its divergences show on the node.
+//! version that would deny what the serving one allows changes no verdict and its divergences show on the node
+//! and, reported over the plugin stream, in weft-control's `/status`.
 #![allow(clippy::unwrap_used)] // a test panics to fail
 
 use std::net::{IpAddr, SocketAddr};
@@ -456,7 +457,11 @@ async fn a_version_that_starts_trapping_is_rolled_back_and_reported_a_healthy_on
 async fn a_shadow_that_would_deny_changes_no_verdict_and_its_divergences_show_on_the_node() {
     let a = Addrs { n: 180 };
     let allow = wasm("port-allowlist");
-    let (mesh, dir) = plugin_mesh(a, vec![]).await;
+    let (mesh, dir) = plugin_mesh(
+        a,
+        vec!["--plugin-shadow-report-interval".into(), "100ms".into()],
+    )
+    .await;
     let echo = SocketAddr::new(IpAddr::V4(a.echo()), 8080);
 
     // Serving: 8080 allowed. Shadow: the same code allowing only 9999 (so it would deny 8080).
@@ -535,4 +540,42 @@ async fn a_shadow_that_would_deny_changes_no_verdict_and_its_divergences_show_on
         .and_then(|v| v.parse().ok())
         .unwrap();
     assert!(n >= 3.0, "{line}");
+
+    // And reported to weft-control, whose /status shows node B's figures and the sample.
+    let status = eventually(
+        Duration::from_secs(30),
+        "node-b's shadow report in weft-control's /status",
+        || async {
+            let (_, body) = weft_devmesh::http::get(mesh.control_status, "/status")
+                .await
+                .ok()?;
+            let doc: Value = serde_json::from_str(&body).ok()?;
+            let node = doc["nodes"]
+                .as_array()?
+                .iter()
+                .find(|n| n["name"] == "node-b" && n["shadows"]["allowlist"].is_object())?
+                .clone();
+            (node["shadows"]["allowlist"]["divergences"].as_u64() >= Some(3)).then_some(node)
+        },
+    )
+    .await;
+    let report = &status["shadows"]["allowlist"];
+    assert_eq!(report["shadowSha256"], sha.as_str(), "{report}");
+    assert_eq!(report["servingSha256"], sha.as_str(), "{report}");
+    let sample = report["samples"]
+        .as_array()
+        .and_then(|s| s.last())
+        .unwrap_or_else(|| panic!("no sample reported: {report}"));
+    assert!(
+        sample["destination"]
+            .as_str()
+            .is_some_and(|d| d.ends_with(":8080")),
+        "{sample}"
+    );
+    assert!(
+        sample["shadowReason"]
+            .as_str()
+            .is_some_and(|r| r.contains("port 8080")),
+        "{sample}"
+    );
 }
