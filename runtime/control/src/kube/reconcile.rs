@@ -1,7 +1,7 @@
 //! From the watched WeftPlugins and Pods to the plugins served: each resource checked and resolved on its own (a
 //! refused one is refused alone: its last accepted spec keeps being served, and it says why), pull secrets read,
-//! then one publish of the whole set. Runs on every change of the stores (coalesced), and every `resync` for
-//! what is not watched (Secrets).
+//! then one publish of the whole set. Runs on every change of the stores (coalesced), and every [`RESYNC`] for
+//! what is not watched (Secrets, cached between passes).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -124,19 +124,28 @@ type LastGood = BTreeMap<String, Extracted>;
 pub async fn run(ctx: Context, synced: tokio::sync::watch::Sender<bool>, stop: CancellationToken) {
     let mut changes = ctx.stores.subscribe();
     let mut last_good = LastGood::new();
+    let mut cache = SecretCache::default();
     loop {
         if ctx.stores.listed() {
             let (plugins, pods) = ctx.stores.snapshot();
-            let secrets = read_secrets(&ctx.client, &plugins).await;
+            let secrets = cache
+                .refresh(&ctx.client, needed_secrets(&plugins, &last_good))
+                .await;
             let (set, states) = reconcile(&ctx.opts, &plugins, &pods, &secrets, &mut last_good);
             ctx.publisher.publish_plugins(set);
             describe(&ctx.publisher, &states);
             ctx.resources.replace(states);
             synced.send_if_modified(|s| !std::mem::replace(s, true));
         }
+        // A Secret that could not be read is tried again sooner than the resync.
+        let next = if cache.has_failures() {
+            RETRY_FAILED
+        } else {
+            RESYNC
+        };
         tokio::select! {
             r = changes.changed() => if r.is_err() { return },
-            () = tokio::time::sleep(RESYNC) => {}
+            () = tokio::time::sleep(next) => {}
             () = stop.cancelled() => return,
         }
         // Coalesce a burst (a relist, a rollout touching many pods) into one publish.
@@ -145,43 +154,87 @@ pub async fn run(ctx: Context, synced: tokio::sync::watch::Sender<bool>, stop: C
     }
 }
 
+/// How soon a pull Secret that could not be read is read again.
+const RETRY_FAILED: Duration = Duration::from_secs(5);
+
 /// Pull secrets by (namespace, name): the docker config JSON, or why it cannot be used.
 pub type Secrets = BTreeMap<(String, String), Result<Vec<u8>, String>>;
 
-async fn read_secrets(client: &Client, plugins: &ByName<DynamicObject>) -> Secrets {
-    let mut out = Secrets::new();
+/// The pull Secrets the resources name (their current specs and their last accepted ones).
+fn needed_secrets(
+    plugins: &ByName<DynamicObject>,
+    last_good: &LastGood,
+) -> BTreeSet<(String, String)> {
+    let mut out = BTreeSet::new();
     for ((ns, _), o) in plugins {
-        let Ok(x) = spec::extract(o.data.get("spec")) else {
-            continue;
-        };
-        let Some(name) = x.pull_secret else { continue };
-        let key = (ns.clone(), name.clone());
-        if out.contains_key(&key) {
-            continue;
+        let current = spec::extract(o.data.get("spec"))
+            .ok()
+            .and_then(|x| x.pull_secret);
+        let good = o
+            .uid()
+            .and_then(|u| last_good.get(&u))
+            .and_then(|x| x.pull_secret.clone());
+        for name in current.into_iter().chain(good) {
+            out.insert((ns.clone(), name));
         }
-        let api: Api<Secret> = Api::namespaced(client.clone(), ns);
-        let v = match api.get_opt(&name).await {
-            Ok(Some(s)) => s
-                .data
-                .as_ref()
-                .and_then(|d| d.get(".dockerconfigjson"))
-                .map(|b| b.0.clone())
-                .ok_or_else(|| {
-                    format!(
-                        "spec.imagePullSecret: Secret {ns}/{name} has no .dockerconfigjson (a \
-                         kubernetes.io/dockerconfigjson Secret is expected)"
-                    )
-                }),
-            Ok(None) => Err(format!(
-                "spec.imagePullSecret: Secret {ns}/{name} not found"
-            )),
-            Err(e) => Err(format!(
-                "spec.imagePullSecret: reading Secret {ns}/{name}: {e}"
-            )),
-        };
-        out.insert(key, v);
     }
     out
+}
+
+/// Pull Secrets as last read (Secrets are not watched: the controller may only `get` them). A Secret is read when
+/// first named, again every [`RESYNC`] (a rotated credential), and every [`RETRY_FAILED`] while it cannot be read;
+/// not on every Pod event.
+#[derive(Debug, Default)]
+struct SecretCache {
+    entries: BTreeMap<(String, String), (Result<Vec<u8>, String>, tokio::time::Instant)>,
+}
+
+impl SecretCache {
+    fn has_failures(&self) -> bool {
+        self.entries.values().any(|(v, _)| v.is_err())
+    }
+
+    async fn refresh(&mut self, client: &Client, needed: BTreeSet<(String, String)>) -> Secrets {
+        self.entries.retain(|k, _| needed.contains(k));
+        for key in needed {
+            let stale = match self.entries.get(&key) {
+                None => true,
+                Some((Ok(_), at)) => at.elapsed() >= RESYNC,
+                Some((Err(_), at)) => at.elapsed() >= RETRY_FAILED,
+            };
+            if stale {
+                let v = read_secret(client, &key.0, &key.1).await;
+                self.entries.insert(key, (v, tokio::time::Instant::now()));
+            }
+        }
+        self.entries
+            .iter()
+            .map(|(k, (v, _))| (k.clone(), v.clone()))
+            .collect()
+    }
+}
+
+async fn read_secret(client: &Client, ns: &str, name: &str) -> Result<Vec<u8>, String> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), ns);
+    match api.get_opt(name).await {
+        Ok(Some(s)) => s
+            .data
+            .as_ref()
+            .and_then(|d| d.get(".dockerconfigjson"))
+            .map(|b| b.0.clone())
+            .ok_or_else(|| {
+                format!(
+                    "spec.imagePullSecret: Secret {ns}/{name} has no .dockerconfigjson (a \
+                     kubernetes.io/dockerconfigjson Secret is expected)"
+                )
+            }),
+        Ok(None) => Err(format!(
+            "spec.imagePullSecret: Secret {ns}/{name} not found"
+        )),
+        Err(e) => Err(format!(
+            "spec.imagePullSecret: reading Secret {ns}/{name}: {e}"
+        )),
+    }
 }
 
 /// One pass: the plugin set to serve and every resource's state.

@@ -175,3 +175,37 @@ fn a_pull_secret_that_cannot_be_read_refuses_the_resource_with_the_reason() {
     let (set, _) = reconcile(&opts(), &plugins(vec![o]), &pods(), &ok, &mut last_good);
     assert_eq!(set["shop.allow"].placement.as_ref().unwrap().0, ["node-a"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pull_secrets_are_read_once_not_on_every_pass() {
+    let api = weft_kubeapi::ApiServer::start().await.unwrap();
+    let mut o = opts();
+    o.api = api.url();
+    let client = crate::kube::client::build(&o).unwrap();
+    let key = ("shop".to_owned(), "regcred".to_owned());
+    let mut cache = SecretCache::default();
+    let got = cache.refresh(&client, BTreeSet::from([key.clone()])).await;
+    assert!(
+        got[&key].as_ref().unwrap_err().contains("not found"),
+        "{got:?}"
+    );
+    assert!(cache.has_failures());
+    api.apply(json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
+        "metadata": {"namespace": "shop", "name": "regcred"},
+        "stringData": {".dockerconfigjson": "{\"auths\":{}}"},
+    }))
+    .unwrap();
+    let gets = api.requests("get");
+    // Passes within the retry interval read nothing (a pod event must not cost a GET per Secret).
+    for _ in 0..3 {
+        cache.refresh(&client, BTreeSet::from([key.clone()])).await;
+    }
+    assert_eq!(api.requests("get"), gets);
+    // A Secret no resource names any more is forgotten; named again, it is read (and now found).
+    assert!(cache.refresh(&client, BTreeSet::new()).await.is_empty());
+    let got = cache.refresh(&client, BTreeSet::from([key.clone()])).await;
+    assert_eq!(got[&key].as_ref().unwrap(), b"{\"auths\":{}}");
+    assert_eq!(api.requests("get"), gets + 1);
+    assert!(!cache.has_failures());
+}
