@@ -186,8 +186,11 @@ fn needed_secrets(
 /// not on every Pod event.
 #[derive(Debug, Default)]
 struct SecretCache {
-    entries: BTreeMap<(String, String), (Result<Vec<u8>, String>, tokio::time::Instant)>,
+    entries: BTreeMap<(String, String), Read>,
 }
+
+/// One read of a Secret and when it was made.
+type Read = (Result<Vec<u8>, String>, tokio::time::Instant);
 
 impl SecretCache {
     fn has_failures(&self) -> bool {
