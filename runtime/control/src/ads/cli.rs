@@ -104,7 +104,7 @@ pub struct ControlArgs {
     #[arg(long, env = "CLUSTER_ID", default_value = "Kubernetes")]
     pub cluster_id: String,
     /// weft-control's own namespace: the leader Lease (weft-control-leader) and the replicas' report ConfigMaps
-    /// (weft-control-report-<replica>) live here.
+    /// (`weft-control-report-<replica>`) live here.
     #[arg(long, env = "POD_NAMESPACE")]
     pub namespace: Option<String>,
     /// This replica's name (its pod's): the Lease holder identity and its report's name.

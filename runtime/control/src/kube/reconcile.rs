@@ -1,6 +1,6 @@
 //! From the watched WeftPlugins and Pods to the plugins served: each resource checked and resolved on its own (a
 //! refused one is refused alone: its last accepted spec keeps being served, and it says why), pull secrets read,
-//! then one publish of the whole set. Runs on every change of the stores (coalesced), and every [`RESYNC`] for
+//! then one publish of the whole set. Runs on every change of the stores (coalesced), and every minute for
 //! what is not watched (Secrets, cached between passes).
 
 use std::collections::{BTreeMap, BTreeSet};

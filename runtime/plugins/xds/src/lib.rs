@@ -4,7 +4,7 @@
 //! platform knows: whether the fetcher can read a remote URI, and the fetch request;
 //! [`handler`] is the node's handler for `type_url::EXTENSION_CONFIG`: it fetches and verifies remote code, hands
 //! the specs to the state, and ACKs only after the plugin host reports that it serves them; [`report`] turns the
-//! host's automatic rollbacks into NACKs carrying a `weft.plugin.v1.RollbackReport`; [`shadow_report`] sends the
+//! host's automatic rollbacks into NACKs carrying a `weft.plugin.v1.RollbackReport`; [`mod@shadow_report`] sends the
 //! shadow figures that changed as reports carrying a `weft.plugin.v1.ShadowReport` per plugin.
 
 pub mod convert;
