@@ -4,7 +4,7 @@
 //! rest of the batch applies and a live connection keeps flowing; a pinned sha256 that does not match the pulled
 //! image is refused; a new version that starts trapping is rolled back and reported, a healthy one is not; a shadow
 //! version that would deny what the serving one allows changes no verdict and its divergences show on the node
-//! and, reported over the plugin stream, in weft-control's `/status`.
+//! and, reported over the plugin stream, in weft-control's `/status`; promoting and discarding it are edits.
 #![allow(clippy::unwrap_used)] // a test panics to fail
 
 use std::net::{IpAddr, SocketAddr};
@@ -578,4 +578,35 @@ async fn a_shadow_that_would_deny_changes_no_verdict_and_its_divergences_show_on
             .is_some_and(|r| r.contains("port 8080")),
         "{sample}"
     );
+    // Promote: the shadow's configuration becomes the serving one (an edit; the node swaps it in on probation).
+    // 8080 is now refused.
+    put(
+        &dir,
+        "allowlist.yaml",
+        &weft_plugin(
+            "allowlist",
+            "file://allowlist.wasm",
+            "{ports: [9999]}",
+            "  shadow:\n    url: file://allowlist.wasm\n    pluginConfig: {ports: [8080]}\n",
+        ),
+    );
+    eventually(
+        Duration::from_secs(30),
+        "the promoted version refuses 8080",
+        || async { echo_once(&mesh.a, a, echo).await.is_err().then_some(()) },
+    )
+    .await;
+    // Discard: the same resource without its shadow. The shadow goes from both nodes; the verdicts stay.
+    put(
+        &dir,
+        "allowlist.yaml",
+        &weft_plugin("allowlist", "file://allowlist.wasm", "{ports: [9999]}", ""),
+    );
+    for node in [&mesh.a, &mesh.b] {
+        until_dump(node, "the shadow discarded", |d| {
+            plugin(d, "allowlist").is_some_and(|p| p["shadow"].is_null() && p["state"] == "serving")
+        })
+        .await;
+    }
+    assert!(echo_once(&mesh.a, a, echo).await.is_err());
 }
