@@ -596,7 +596,9 @@ async fn a_shadow_that_would_deny_changes_no_verdict_and_its_divergences_show_on
         || async { echo_once(&mesh.a, a, echo).await.is_err().then_some(()) },
     )
     .await;
-    // Discard: the same resource without its shadow. The shadow goes from both nodes; the verdicts stay.
+    // Discard: the same resource without its shadow. The shadow goes from both nodes; the verdicts stay, and the
+    // serving version is not loaded again.
+    let loads_before = loads(&mesh.b, "allowlist").await;
     put(
         &dir,
         "allowlist.yaml",
@@ -609,4 +611,15 @@ async fn a_shadow_that_would_deny_changes_no_verdict_and_its_divergences_show_on
         .await;
     }
     assert!(echo_once(&mesh.a, a, echo).await.is_err());
+    assert_eq!(loads(&mesh.b, "allowlist").await, loads_before);
+}
+
+/// `weft_plugin_loads_total` of `plugin` on `node` (every result).
+async fn loads(node: &NodeProcess, plugin: &str) -> u64 {
+    let text = node.scrape().await.unwrap();
+    let label = format!("plugin=\"{plugin}\"");
+    text.lines()
+        .filter(|l| l.starts_with("weft_plugin_loads_total{") && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
 }
