@@ -183,3 +183,27 @@ pub async fn ping(s: &mut tokio::net::TcpStream) -> std::io::Result<()> {
     assert_eq!(&b, b"live");
     Ok(())
 }
+
+/// Plugin loads so far on `node` by plugin (`weft_plugin_loads_total`, every result summed): a new version or a new
+/// configuration is one more; a resource change that leaves the serving version alone is none.
+pub async fn plugin_loads(node: &NodeProcess) -> std::collections::BTreeMap<String, u64> {
+    let text = node.scrape().await.unwrap_or_default();
+    let mut out = std::collections::BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("weft_plugin_loads_total{"))
+    {
+        let Some((labels, n)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Some(plugin) = labels
+            .split("plugin=\"")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+        else {
+            continue;
+        };
+        *out.entry(plugin.to_owned()).or_default() += n.parse::<f64>().unwrap_or_default() as u64;
+    }
+    out
+}

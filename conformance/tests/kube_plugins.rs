@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use weft_conformance::eventually;
+use weft_conformance::xdsmesh::plugin_loads;
 use weft_devmesh::control::{Control, free_port, plugin_xds_flags, write_tokens, xds_flags};
 use weft_devmesh::{NodeOptions, NodeProcess};
 use weft_fetch::testing::{Registry, TestCa, oci_client, push_artifact};
@@ -82,30 +83,6 @@ async fn serving(node: &NodeProcess) -> Option<BTreeMap<String, (String, u64)>> 
             })
             .collect(),
     )
-}
-
-/// Plugin loads so far by plugin (`weft_plugin_loads_total`, every result): a new version, or a new configuration,
-/// is one more.
-async fn loads(node: &NodeProcess) -> BTreeMap<String, u64> {
-    let text = node.scrape().await.unwrap_or_default();
-    let mut out = BTreeMap::new();
-    for line in text
-        .lines()
-        .filter(|l| l.starts_with("weft_plugin_loads_total{"))
-    {
-        let Some((labels, n)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let Some(plugin) = labels
-            .split("plugin=\"")
-            .nth(1)
-            .and_then(|r| r.split('"').next())
-        else {
-            continue;
-        };
-        *out.entry(plugin.to_owned()).or_default() += n.parse::<u64>().unwrap_or_default();
-    }
-    out
 }
 
 /// Wait until `node` serves exactly `names`, each with code `sha`; returns what it serves.
@@ -401,11 +378,11 @@ async fn weftplugins_by_namespace_from_two_replicas_to_three_nodes() {
             "{doc}"
         );
     }
-    let before = loads(&a).await["shop.allow"];
+    let before = plugin_loads(&a).await["shop.allow"];
     api.apply(plugin("shop", "allow", &url, &sha, &[8080, 8081], None))
         .unwrap();
     eventually(WAIT, "node-a loads the edited shop/allow", || async {
-        let now = loads(&a).await.get("shop.allow").copied();
+        let now = plugin_loads(&a).await.get("shop.allow").copied();
         now.filter(|n| *n > before)
     })
     .await;
@@ -436,7 +413,7 @@ async fn weftplugins_by_namespace_from_two_replicas_to_three_nodes() {
         let src = plugin_source(n).await.unwrap();
         kept.push((
             serving(n).await.unwrap(),
-            loads(n).await,
+            plugin_loads(n).await,
             src["connections"].as_u64().unwrap(),
         ));
     }
@@ -464,7 +441,7 @@ async fn weftplugins_by_namespace_from_two_replicas_to_three_nodes() {
             n.name
         );
         assert_eq!(
-            &loads(n).await,
+            &plugin_loads(n).await,
             loaded,
             "{}: a plugin was loaded again on the move",
             n.name
