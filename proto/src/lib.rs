@@ -119,6 +119,8 @@ pub mod type_url {
     pub const ROLLBACK_REPORT: &str = "type.googleapis.com/weft.plugin.v1.RollbackReport";
     /// `weft.plugin.v1.ShadowReport` (in a report's `error_detail.details`).
     pub const SHADOW_REPORT: &str = "type.googleapis.com/weft.plugin.v1.ShadowReport";
+    /// `weft.plugin.v1.PluginCounts` (in a report's `error_detail.details`).
+    pub const PLUGIN_COUNTS: &str = "type.googleapis.com/weft.plugin.v1.PluginCounts";
     /// `google.protobuf.StringValue` (istiod's encoding of a Wasm plugin's JSON configuration).
     pub const STRING_VALUE: &str = "type.googleapis.com/google.protobuf.StringValue";
     /// `google.protobuf.BytesValue`.

@@ -6,3 +6,4 @@ pub mod ads;
 pub mod auth;
 pub mod ca;
 pub mod kube;
+pub mod rollout;

@@ -488,6 +488,7 @@ fn node(registry: &Registry, name: &str, version: &str) -> u64 {
         types: Default::default(),
         rollbacks: VecDeque::new(),
         shadows: Default::default(),
+        counts: Default::default(),
     });
     ack(registry, stream, name, version);
     stream

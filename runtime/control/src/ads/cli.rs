@@ -51,6 +51,10 @@ pub struct ControlArgs {
     /// TypedExtensionConfig resources. `file://` code is read relative to it and inlined.
     #[arg(long, env = "WEFT_CONTROL_PLUGINS")]
     pub plugins_dir: Option<PathBuf>,
+    /// File the staged rollouts of `--plugins` are kept in (JSON, mode 0600; created if missing), so a restart
+    /// resumes each rollout at its stage; without it they are kept in memory only.
+    #[arg(long, env = "WEFT_CONTROL_ROLLOUT_STATE", requires = "plugins_dir")]
+    pub rollout_state: Option<PathBuf>,
     /// How often the mesh file and the plugin directory are checked.
     #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
     pub poll: Duration,
@@ -291,6 +295,7 @@ pub fn run(args: ControlArgs, log: Option<Arc<dyn LogLevel>>) -> anyhow::Result<
             node_accounts: args.node_accounts.clone(),
             mesh: args.mesh.clone(),
             plugins_dir: args.plugins_dir.clone(),
+            rollout_state: args.rollout_state.clone(),
             kube,
             poll: args.poll,
             status: args.status.0,

@@ -11,6 +11,7 @@
 //! ([`registry`], [`metrics`], [`status`]), authentication ([`service`]), and the glue of one stream ([`stream`]).
 
 pub mod cli;
+pub mod counts;
 pub mod mesh;
 pub mod metrics;
 pub mod plugin_dir;

@@ -22,6 +22,10 @@
 //!     maxFailureRatio: 0.2
 //!     minCalls: 20
 //!     nodes: [node-a]                 # staged: only these nodes get this version, the others keep theirs
+//!     stages:                         # or staged automatically by weft control (instead of nodes):
+//!     - {nodes: 1, bake: 1m, shadowFirst: true}
+//!     - {percent: 50, bake: 5m}
+//!     abortWhen: {nacks: 0, rollbacks: 0, failureRatio: 0.01, divergenceRatio: 0.001, minCalls: 20}
 //!   shadow:                           # policy only: decided beside the serving version, compared, never enforced
 //!     url: file://port_allowlist.wasm # as spec.url (file:// inlined, https:// needs sha256)
 //!     sha256: 0167d5...
@@ -179,6 +183,39 @@ struct RolloutWire {
     disabled: bool,
     #[serde(default)]
     nodes: Option<Vec<String>>,
+    #[serde(default)]
+    stages: Option<Vec<StageWire>>,
+    #[serde(default)]
+    abort_when: Option<AbortWire>,
+}
+
+/// `spec.rollout.stages[]`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct StageWire {
+    #[serde(default)]
+    nodes: Option<u32>,
+    #[serde(default)]
+    percent: Option<u32>,
+    bake: BakeText,
+    #[serde(default)]
+    shadow_first: bool,
+}
+
+/// `spec.rollout.abortWhen`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct AbortWire {
+    #[serde(default)]
+    nacks: Option<u32>,
+    #[serde(default)]
+    rollbacks: Option<u32>,
+    #[serde(default)]
+    failure_ratio: Option<Ratio>,
+    #[serde(default)]
+    divergence_ratio: Option<Ratio>,
+    #[serde(default)]
+    min_calls: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -331,6 +368,87 @@ impl<'de> Deserialize<'de> for DurationText {
             Err(e) => Err(format!("invalid duration {s:?}: {e} (e.g. 30s, 500ms, 2m)")),
         })
     }
+}
+
+/// A stage's bake time (`0s` allowed).
+#[derive(Debug, Clone, Copy)]
+struct BakeText(Duration);
+
+impl<'de> Deserialize<'de> for BakeText {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        checked_str(d, "a duration", |s| {
+            humantime::parse_duration(s)
+                .map(BakeText)
+                .map_err(|e| format!("invalid duration {s:?}: {e} (e.g. 30s, 2m, 0s)"))
+        })
+    }
+}
+
+/// The staged rollout of `spec.rollout`, checked: `stages` (each exactly one of `nodes` ≥ 1 and `percent` in
+/// 1..=100, percents not decreasing) instead of `nodes`, `shadowFirst` only for policy plugins.
+fn plan_of(r: &RolloutWire, telemetry: bool) -> Result<Option<crate::rollout::plan::Plan>, String> {
+    use crate::rollout::plan::{Plan, Stage, StageSize, Thresholds};
+    let Some(stages) = &r.stages else {
+        if r.abort_when.is_some() {
+            return Err("spec.rollout.abortWhen: only with spec.rollout.stages".into());
+        }
+        return Ok(None);
+    };
+    if r.nodes.is_some() {
+        return Err(
+            "spec.rollout.stages: give either nodes (a manual stage) or stages, not both".into(),
+        );
+    }
+    if stages.is_empty() {
+        return Err("spec.rollout.stages: empty (leave it unset to roll out at once)".into());
+    }
+    let mut out = Vec::new();
+    let mut last_percent = 0;
+    for (i, st) in stages.iter().enumerate() {
+        let at = format!("spec.rollout.stages[{i}]");
+        let size = match (st.nodes, st.percent) {
+            (Some(0), None) => return Err(format!("{at}.nodes: must be at least 1")),
+            (Some(n), None) => StageSize::Nodes(n),
+            (None, Some(p)) if p == 0 || p > 100 => {
+                return Err(format!("{at}.percent: {p} is not in 1..=100"));
+            }
+            (None, Some(p)) if p < last_percent => {
+                return Err(format!(
+                    "{at}.percent: {p} is less than the stage before ({last_percent})"
+                ));
+            }
+            (None, Some(p)) => {
+                last_percent = p;
+                StageSize::Percent(p)
+            }
+            _ => return Err(format!("{at}: give exactly one of nodes and percent")),
+        };
+        if st.shadow_first && telemetry {
+            return Err(format!(
+                "{at}.shadowFirst: a telemetry plugin cannot run as a shadow (only policy plugins are shadowed)"
+            ));
+        }
+        out.push(Stage {
+            size,
+            bake: st.bake.0,
+            shadow_first: st.shadow_first,
+        });
+    }
+    let d = Thresholds::default();
+    let abort_when = match &r.abort_when {
+        None => d,
+        Some(a) => Thresholds {
+            nacks: a.nacks.unwrap_or(d.nacks),
+            rollbacks: a.rollbacks.unwrap_or(d.rollbacks),
+            failure_ratio: a.failure_ratio.map(|x| x.0),
+            divergence_ratio: a.divergence_ratio.map(|x| x.0),
+            min_calls: a.min_calls.unwrap_or(d.min_calls).max(1),
+        },
+    };
+    Ok(Some(Plan {
+        stages: out,
+        abort_when,
+    }))
 }
 
 /// The line of the `n`th (0-based) `key:` in `text` outside `shadow:` blocks, for errors found after parsing (a code
@@ -529,6 +647,11 @@ impl ParsedPlugin {
             .as_ref()
             .and_then(|r| r.nodes.clone())
             .map(NodeSelector);
+        let plan = match &s.rollout {
+            None => None,
+            Some(r) => plan_of(r, matches!(s.kind, Some(KindWire::Telemetry)))
+                .map_err(|e| invalid("rollout", e))?,
+        };
         // The model a node will decode; its wire form is weft-state's encoder (the round trip is tested there).
         let model = PluginResource {
             name: self.name.clone(),
@@ -580,6 +703,8 @@ impl ParsedPlugin {
             placement: None,
             base: None,
             base_info: None,
+            plan: plan.map(std::sync::Arc::new),
+            shadowing: None,
         })
     }
 }

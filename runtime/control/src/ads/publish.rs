@@ -41,6 +41,8 @@ pub struct SourceStatus {
 struct Inner {
     mesh: SourceStatus,
     plugins: SourceStatus,
+    /// The plugins as the source last gave them (before the staged rollouts set who gets what).
+    source_plugins: Option<BTreeMap<String, PluginEntry>>,
 }
 
 /// Builds and publishes snapshots.
@@ -49,6 +51,8 @@ pub struct Publisher {
     inner: Mutex<Inner>,
     /// The mesh file's store, whose watcher keeps the mesh source's errors and counters.
     mesh_store: Mutex<Option<Arc<weft_state::StateStore>>>,
+    /// The staged rollouts every plugin set goes through.
+    rollouts: Mutex<Option<Arc<crate::rollout::driver::Rollouts>>>,
     tx: watch::Sender<Arc<Snapshot>>,
 }
 
@@ -73,7 +77,9 @@ impl Publisher {
                     path: plugins,
                     ..Default::default()
                 },
+                source_plugins: None,
             }),
+            rollouts: Mutex::new(None),
             tx: watch::channel(Arc::new(Snapshot::default())).0,
             mesh_store: Mutex::new(None),
         }
@@ -82,6 +88,16 @@ impl Publisher {
     /// The mesh source's store (its watcher records refused edits and polls there).
     pub fn set_mesh_store(&self, store: Arc<weft_state::StateStore>) {
         *lock(&self.mesh_store) = Some(store);
+    }
+
+    /// Put every plugin set through `rollouts` from now on.
+    pub fn set_rollouts(&self, rollouts: Arc<crate::rollout::driver::Rollouts>) {
+        *lock(&self.rollouts) = Some(rollouts);
+    }
+
+    /// The staged rollouts, when on.
+    pub fn rollouts(&self) -> Option<Arc<crate::rollout::driver::Rollouts>> {
+        lock(&self.rollouts).clone()
     }
 
     /// The current snapshot.
@@ -94,18 +110,30 @@ impl Publisher {
         self.tx.subscribe()
     }
 
-    fn update(&self, kind: SourceKind, change: impl FnOnce(&mut Snapshot)) {
+    fn update(&self, kind: SourceKind, change: impl FnOnce(&mut Snapshot, &mut Inner)) {
+        self.update_with(Some(kind), change);
+    }
+
+    /// Build and publish the next snapshot; `kind`: the source whose good change this is (`None`: a re-application
+    /// of the same sources).
+    fn update_with(
+        &self,
+        kind: Option<SourceKind>,
+        change: impl FnOnce(&mut Snapshot, &mut Inner),
+    ) {
         let mut g = lock(&self.inner);
         let old = self.current();
         let mut next = (*old).clone();
-        change(&mut next);
-        let st = match kind {
-            SourceKind::Mesh => &mut g.mesh,
-            SourceKind::Plugins => &mut g.plugins,
-        };
-        st.applied += 1;
-        st.last_error = None;
-        st.last_applied = Some(now_text());
+        change(&mut next, &mut g);
+        if let Some(kind) = kind {
+            let st = match kind {
+                SourceKind::Mesh => &mut g.mesh,
+                SourceKind::Plugins => &mut g.plugins,
+            };
+            st.applied += 1;
+            st.last_error = None;
+            st.last_applied = Some(now_text());
+        }
         if next == *old {
             tracing::debug!(?kind, "source reloaded, nothing changed");
             return;
@@ -124,18 +152,45 @@ impl Publisher {
 
     /// Replace the mesh resources.
     pub fn publish_mesh(&self, addresses: TypeSet, authorizations: TypeSet) {
-        self.update(SourceKind::Mesh, |s| {
+        self.update(SourceKind::Mesh, |s, _| {
             s.addresses = addresses;
             s.authorizations = authorizations;
         });
     }
 
-    /// Replace the plugins (staged plugins keep their base: see [`carry_bases`]).
-    pub fn publish_plugins(&self, mut plugins: BTreeMap<String, PluginEntry>) {
-        self.update(SourceKind::Plugins, |s| {
-            carry_bases(&s.plugins, &mut plugins);
-            s.plugins = plugins;
+    /// Replace the plugins (manually staged plugins keep their base: see [`carry_bases`]; the others go through
+    /// the staged rollouts, when on).
+    pub fn publish_plugins(&self, plugins: BTreeMap<String, PluginEntry>) {
+        let rollouts = self.rollouts();
+        self.update(SourceKind::Plugins, |s, inner| {
+            inner.source_plugins = Some(plugins.clone());
+            s.plugins = self.staged(&s.plugins, plugins, &s.addresses, rollouts.as_deref());
         });
+    }
+
+    /// Put the source's plugins through the staged rollouts again (the fleet changed, a bake ended) and publish
+    /// what changed.
+    pub fn reapply(&self) {
+        let rollouts = self.rollouts();
+        self.update_with(None, |s, inner| {
+            if let Some(plugins) = inner.source_plugins.clone() {
+                s.plugins = self.staged(&s.plugins, plugins, &s.addresses, rollouts.as_deref());
+            }
+        });
+    }
+
+    fn staged(
+        &self,
+        old: &BTreeMap<String, PluginEntry>,
+        mut plugins: BTreeMap<String, PluginEntry>,
+        addresses: &TypeSet,
+        rollouts: Option<&crate::rollout::driver::Rollouts>,
+    ) -> BTreeMap<String, PluginEntry> {
+        carry_bases(old, &mut plugins);
+        if let Some(r) = rollouts {
+            r.apply(&mut plugins, addresses, SystemTime::now());
+        }
+        plugins
     }
 
     /// Record a refused change.

@@ -145,6 +145,8 @@ pub struct NodeRecord {
     pub rollbacks: VecDeque<RollbackRecord>,
     /// The latest shadow report of each plugin on this stream.
     pub shadows: BTreeMap<String, crate::ads::shadow::ShadowRecord>,
+    /// The latest call counts of each plugin on this stream.
+    pub counts: BTreeMap<String, crate::ads::counts::CountsRecord>,
 }
 
 /// Split a NACK message into per-resource reasons: lines (or `; `-separated parts) of the form `name: reason`
@@ -385,10 +387,12 @@ impl Registry {
         self.bump();
     }
 
-    /// A report the node sent on its own (`error_detail` code 0): its shadow reports are kept, by plugin.
+    /// A report the node sent on its own (`error_detail` code 0): its shadow reports and call counts are kept, by
+    /// plugin.
     pub fn report(&self, stream: u64, type_url: &str, report: &weft_proto::google::rpc::Status) {
         let shadows = crate::ads::shadow::reports(&report.details);
-        if shadows.is_empty() {
+        let counts = crate::ads::counts::counts(&report.details);
+        if shadows.is_empty() && counts.is_empty() {
             tracing::debug!(stream, r#type = %type_url, message = %report.message, "report with nothing weft control reads; ignored");
             return;
         }
@@ -400,6 +404,9 @@ impl Registry {
             let record = crate::ads::shadow::ShadowRecord::from_report(r);
             tracing::debug!(stream, node = %rec.name, plugin = %r.plugin, decisions = record.total(), divergences = record.divergences, "shadow report");
             rec.shadows.insert(r.plugin.clone(), record);
+        }
+        for (plugin, c) in counts {
+            rec.counts.insert(plugin, c);
         }
         drop(g);
         self.bump();

@@ -104,7 +104,7 @@ pub struct NodeKey {
 }
 
 /// What the plugin directory says about one plugin, for the status endpoint.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PluginInfo {
     /// The file it came from.
@@ -133,6 +133,11 @@ pub struct PluginEntry {
     pub base: Option<Arc<Resource>>,
     /// Description of `base`.
     pub base_info: Option<PluginInfo>,
+    /// The staged rollout the resource asks for (weft control then sets `nodes`, `base` and `shadowing`).
+    pub plan: Option<Arc<crate::rollout::plan::Plan>>,
+    /// While a stage runs `current` as a shadow: the stage's new nodes, and what they get (`base` with `current`'s
+    /// code and configuration as its shadow).
+    pub shadowing: Option<(NodeSelector, Arc<Resource>)>,
 }
 
 impl weft_xds::server::ServedResource for Resource {
@@ -190,6 +195,11 @@ impl Snapshot {
                 .filter(|(_, p)| p.placement.as_ref().is_none_or(|sel| sel.matches(node)))
                 .map(|(name, p)| {
                     let d = match (&p.nodes, &p.base) {
+                        _ if let Some((sel, shadowing)) = &p.shadowing
+                            && sel.matches(node) =>
+                        {
+                            Desired::Serve(shadowing.clone())
+                        }
                         (None, _) => Desired::Serve(p.current.clone()),
                         (Some(sel), _) if sel.matches(node) => Desired::Serve(p.current.clone()),
                         (Some(_), Some(base)) => Desired::Serve(base.clone()),
@@ -207,7 +217,11 @@ impl Snapshot {
         let p = self.plugins.get(name)?;
         if p.current.version == version {
             Some(&p.info)
-        } else if p.base.as_ref().is_some_and(|b| b.version == version) {
+        } else if p.base.as_ref().is_some_and(|b| b.version == version)
+            || p.shadowing
+                .as_ref()
+                .is_some_and(|(_, s)| s.version == version)
+        {
             p.base_info.as_ref()
         } else {
             None
@@ -219,6 +233,10 @@ impl Snapshot {
 /// staged one keeps the old base, or takes the old entry as base when that one was unrestricted.
 pub fn carry_bases(old: &BTreeMap<String, PluginEntry>, new: &mut BTreeMap<String, PluginEntry>) {
     for (name, entry) in new.iter_mut() {
+        if entry.plan.is_some() {
+            // weft control's staged rollout sets the base itself.
+            continue;
+        }
         if entry.nodes.is_none() {
             entry.base = None;
             entry.base_info = None;

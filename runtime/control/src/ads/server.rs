@@ -36,6 +36,9 @@ pub enum Error {
     /// The WeftPlugin controller.
     #[error("{0}")]
     Kube(#[from] crate::kube::Error),
+    /// The rollout state file.
+    #[error("{0}")]
+    RolloutState(#[from] crate::rollout::store::StoreError),
 }
 
 /// What to serve, and how.
@@ -56,6 +59,8 @@ pub struct ControlConfig {
     pub plugins_dir: Option<PathBuf>,
     /// WeftPlugin resources from the Kubernetes API instead of files.
     pub kube: Option<crate::kube::KubeOptions>,
+    /// The file staged rollouts are kept in (resumed from at start); none: memory only.
+    pub rollout_state: Option<PathBuf>,
     /// How often the sources are checked for edits.
     pub poll: Duration,
     /// Status endpoint (loopback only); none: off.
@@ -122,14 +127,29 @@ pub async fn start(cfg: ControlConfig) -> Result<Running, Error> {
             cfg.poll,
         )?);
     }
+    let stop = CancellationToken::new();
     if let Some(dir) = &cfg.plugins_dir {
+        let store = cfg
+            .rollout_state
+            .clone()
+            .map(crate::rollout::store::FileStore::new);
+        if store.is_none() {
+            tracing::warn!(
+                "no --rollout-state: staged rollouts are kept in memory only, and a restart starts them over"
+            );
+        }
+        let rollouts = Arc::new(crate::rollout::driver::Rollouts::new(
+            store,
+            registry.clone(),
+        )?);
+        publisher.set_rollouts(rollouts.clone());
+        sources.push(rollouts.spawn(publisher.clone(), stop.clone()));
         sources.push(crate::ads::plugin_dir::watch_dir(
             dir.clone(),
             publisher.clone(),
             cfg.poll,
         )?);
     }
-    let stop = CancellationToken::new();
     // The controller's first complete lists are published before the listener is bound: a node must not be
     // served an empty plugin set that would remove what it runs.
     let controller = match cfg.kube.clone() {

@@ -142,6 +142,7 @@ impl Status {
                     "nacked": nacked,
                     "rollbacks": n.rollbacks,
                     "shadows": n.shadows,
+                    "counts": n.counts,
                     "types": n.types,
                 })
             })
@@ -158,8 +159,26 @@ impl Status {
             "connectedNodes": nodes.len(),
             "nodes": nodes,
             "controller": self.controller.as_ref().map(ControllerView::document),
+            "rollouts": self.publisher.rollouts().map(|r| rollouts_document(&r)),
         })
     }
+}
+
+/// The staged rollouts: where they are kept, and per plugin its stable version (without its bytes) and its
+/// rollout.
+fn rollouts_document(r: &crate::rollout::driver::Rollouts) -> Value {
+    let (path, save_error) = r.persistence();
+    let plugins: serde_json::Map<String, Value> =
+        r.records()
+            .into_iter()
+            .map(|(name, rec)| {
+                let stable = rec.stable.as_ref().map(
+                    |s| json!({"version": s.version, "sha256": s.info.sha256, "url": s.info.url}),
+                );
+                (name, json!({"stable": stable, "rollout": rec.rollout}))
+            })
+            .collect();
+    json!({"stateFile": path, "saveError": save_error, "plugins": plugins})
 }
 
 impl AdminHandler for Status {

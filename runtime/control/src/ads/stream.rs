@@ -117,6 +117,7 @@ pub async fn run(
         types: BTreeMap::new(),
         rollbacks: Default::default(),
         shadows: Default::default(),
+        counts: Default::default(),
     });
     let span = tracing::info_span!("node", stream, node = %node.id);
     let mut s = NodeStream {

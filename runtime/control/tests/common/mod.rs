@@ -74,6 +74,7 @@ impl Env {
             mesh: Some(self.path("mesh.yaml")),
             plugins_dir: Some(self.path("plugins")),
             kube: None,
+            rollout_state: Some(self.path("rollout-state.json")),
             poll: Duration::from_millis(20),
             status: Some("127.0.0.1:0".parse().unwrap()),
             metrics: Some("127.0.0.1:0".parse().unwrap()),

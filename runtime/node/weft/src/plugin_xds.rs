@@ -91,6 +91,20 @@ pub fn start(
         }),
         args.plugin_shadow_report_interval,
     );
+    let counter = handle.clone();
+    weft_plugin_xds::spawn_counts_reporter(
+        host,
+        Arc::new(move |details: &[prost_types::Any]| {
+            match counter.report(EXTENSION_CONFIG, "plugin counts", details.to_vec()) {
+                Ok(sent) => sent,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot report the plugin call counts to the control plane");
+                    false
+                }
+            }
+        }),
+        args.plugin_shadow_report_interval,
+    );
     Ok(Some(handle))
 }
 

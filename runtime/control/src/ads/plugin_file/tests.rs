@@ -179,3 +179,68 @@ fn errors_point_at_the_line_of_their_document_past_a_shadow() {
     assert!(m.contains("spec.shadow.url: cannot read"), "{m}");
     assert_eq!(l, Some(17), "{m}");
 }
+
+#[test]
+fn stages_become_a_plan_and_what_cannot_be_staged_is_refused_naming_the_field() {
+    let e = entry(
+        "  rollout:\n    stages:\n    - {nodes: 1, bake: 30s, shadowFirst: true}\n    - {percent: 50, bake: 1m}\n    \
+         abortWhen: {nacks: 1, divergenceRatio: 0.01}\n",
+    )
+    .unwrap();
+    let plan = e.plan.unwrap();
+    assert_eq!(plan.stages.len(), 2);
+    assert!(plan.stages[0].shadow_first);
+    assert_eq!(plan.stages[1].bake, Duration::from_secs(60));
+    assert_eq!(
+        (plan.abort_when.nacks, plan.abort_when.divergence_ratio),
+        (1, Some(0.01))
+    );
+    // Stages alone ask nothing of the node's probation.
+    assert!(
+        served(&entry("  rollout: {stages: [{nodes: 1, bake: 0s}]}\n").unwrap())
+            .rollout
+            .is_none()
+    );
+    for (spec, want) in [
+        ("  rollout: {stages: []}\n", "spec.rollout.stages: empty"),
+        (
+            "  rollout: {nodes: [a], stages: [{nodes: 1, bake: 1s}]}\n",
+            "either nodes (a manual stage) or stages",
+        ),
+        (
+            "  rollout: {stages: [{nodes: 0, bake: 1s}]}\n",
+            "stages[0].nodes: must be at least 1",
+        ),
+        (
+            "  rollout: {stages: [{percent: 101, bake: 1s}]}\n",
+            "stages[0].percent: 101 is not in 1..=100",
+        ),
+        (
+            "  rollout: {stages: [{percent: 50, bake: 1s}, {percent: 10, bake: 1s}]}\n",
+            "stages[1].percent: 10 is less than the stage before (50)",
+        ),
+        (
+            "  rollout: {stages: [{nodes: 1, percent: 5, bake: 1s}]}\n",
+            "exactly one of nodes and percent",
+        ),
+        (
+            "  rollout: {stages: [{nodes: 1}]}\n",
+            "missing field `bake`",
+        ),
+        (
+            "  rollout: {abortWhen: {nacks: 1}}\n",
+            "abortWhen: only with spec.rollout.stages",
+        ),
+        (
+            "  kind: telemetry\n  rollout: {stages: [{nodes: 1, bake: 1s, shadowFirst: true}]}\n",
+            "a telemetry plugin cannot run as a shadow",
+        ),
+        (
+            "  rollout: {stages: [{nodes: 1, bake: 1s}], abortWhen: {failureRatio: 2}}\n",
+            "not a ratio",
+        ),
+    ] {
+        let e = entry(spec).err().unwrap().to_string();
+        assert!(e.contains(want), "{spec}: {e}");
+    }
+}

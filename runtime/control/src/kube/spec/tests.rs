@@ -237,3 +237,17 @@ fn refusals_name_the_field() {
     }
     assert!(extract(None).unwrap_err().contains("spec"));
 }
+
+#[test]
+fn stages_are_refused_with_why_rather_than_served_everywhere_at_once() {
+    let e = extract(Some(&json!({
+        "url": "registry.example/p:v1",
+        "rollout": {"stages": [{"nodes": 1, "bake": "1m"}]},
+    })))
+    .err()
+    .unwrap();
+    assert!(
+        e.contains("spec.rollout.stages: staged rollout is run by weft-control with --plugins"),
+        "{e}"
+    );
+}

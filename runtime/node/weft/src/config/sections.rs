@@ -102,8 +102,9 @@ pub struct PluginXdsConfig {
     /// PEM roots trusted for plugin code fetched over https:// and from OCI registries (default: the system's).
     #[arg(long, env = "WEFT_PLUGIN_FETCH_ROOTS")]
     pub plugin_fetch_roots: Option<PathBuf>,
-    /// How often the shadow figures of plugins with a shadow version are reported to the plugin control plane (only
-    /// the plugins whose figures changed since they were last sent; none when nothing changed). Not zero.
+    /// How often the shadow figures of plugins with a shadow version, and every plugin's call and failure counts,
+    /// are reported to the plugin control plane (only what changed since it was last sent; nothing when nothing
+    /// changed). Not zero.
     #[arg(long, env = "WEFT_PLUGIN_SHADOW_REPORT_INTERVAL", default_value = "10s", value_parser = parse_nonzero_duration)]
     #[serde(with = "duration")]
     pub plugin_shadow_report_interval: Duration,

@@ -1,0 +1,175 @@
+//! Runs the staged rollouts: the publisher hands every plugin set through [`Rollouts::apply`] (a fresh set from
+//! the source, or the same set again when the fleet changed or a bake ended), which steps each plugin, keeps the
+//! records and persists them when they change; [`Rollouts::spawn`] re-applies on every registry event (coalesced)
+//! and at the earliest bake end.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::ads::publish::Publisher;
+use crate::ads::registry::Registry;
+use crate::ads::resources::{PluginEntry, TypeSet};
+use crate::rollout::engine::step;
+use crate::rollout::fleet::Fleet;
+use crate::rollout::state::{Progress, Record};
+use crate::rollout::store::{FileStore, StoreError};
+
+/// How long registry events are gathered before the rollouts are stepped again.
+const COALESCE: Duration = Duration::from_millis(50);
+
+#[derive(Debug, Default)]
+struct Inner {
+    records: BTreeMap<String, Record>,
+    deadline: Option<SystemTime>,
+    save_error: Option<String>,
+}
+
+/// Every plugin's rollout.
+#[derive(Debug)]
+pub struct Rollouts {
+    inner: Mutex<Inner>,
+    store: Option<FileStore>,
+    registry: Arc<Registry>,
+    wake: tokio::sync::Notify,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Rollouts {
+    /// The rollouts, resumed from `store` when there is one (without, they are kept in memory only and a restart
+    /// starts every staged version over).
+    pub fn new(store: Option<FileStore>, registry: Arc<Registry>) -> Result<Self, StoreError> {
+        let records = match &store {
+            Some(s) => {
+                let r = s.load()?;
+                tracing::info!(path = %s.path().display(), plugins = r.len(), "rollout state loaded");
+                r
+            }
+            None => BTreeMap::new(),
+        };
+        Ok(Self {
+            inner: Mutex::new(Inner {
+                records,
+                ..Inner::default()
+            }),
+            store,
+            registry,
+            wake: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// Every record, for the status page.
+    pub fn records(&self) -> BTreeMap<String, Record> {
+        lock(&self.inner).records.clone()
+    }
+
+    /// Where the records are kept (`None`: memory only), and the last error saving them.
+    pub fn persistence(&self) -> (Option<String>, Option<String>) {
+        (
+            self.store.as_ref().map(|s| s.path().display().to_string()),
+            lock(&self.inner).save_error.clone(),
+        )
+    }
+
+    /// Step every plugin of `plugins` (as the source gives them) at `now`: staged entries get their nodes, base and
+    /// shadowing; withdrawn ones are removed. `addresses` gives the nodes' zones.
+    pub fn apply(
+        &self,
+        plugins: &mut BTreeMap<String, PluginEntry>,
+        addresses: &TypeSet,
+        now: SystemTime,
+    ) {
+        let mut g = lock(&self.inner);
+        let staged = plugins.values().any(|e| e.plan.is_some());
+        let fleet = if staged {
+            Fleet::of(&self.registry.nodes(), &Fleet::zones(addresses))
+        } else {
+            Fleet::default()
+        };
+        let mut changed = false;
+        let before = g.records.len();
+        g.records.retain(|name, _| plugins.contains_key(name));
+        changed |= g.records.len() != before;
+        let mut deadline: Option<SystemTime> = None;
+        let mut withdraw = Vec::new();
+        for (name, entry) in plugins.iter_mut() {
+            let rec = g.records.entry(name.clone()).or_default();
+            let s = step(name, entry, rec, &fleet, now);
+            changed |= s.changed;
+            if let Some(d) = s.deadline {
+                deadline = Some(deadline.map_or(d, |x| x.min(d)));
+            }
+            if s.withdraw {
+                withdraw.push(name.clone());
+            }
+        }
+        for name in withdraw {
+            plugins.remove(&name);
+        }
+        g.deadline = deadline;
+        if changed && let Some(store) = &self.store {
+            match store.save(&g.records) {
+                Ok(()) => g.save_error = None,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot persist the rollout state; a restart would start staged versions over");
+                    g.save_error = Some(e.to_string());
+                }
+            }
+        }
+        drop(g);
+        self.wake.notify_one();
+    }
+
+    fn active(&self) -> bool {
+        lock(&self.inner).records.values().any(|r| {
+            r.rollout
+                .as_ref()
+                .is_some_and(|r| r.state == Progress::Progressing)
+        })
+    }
+
+    /// Re-apply the publisher's plugins whenever the fleet changes (while a rollout is in progress) or a bake ends,
+    /// until `stop`.
+    pub fn spawn(
+        self: Arc<Self>,
+        publisher: Arc<Publisher>,
+        stop: CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let mut events = self.registry.subscribe();
+        tokio::spawn(async move {
+            loop {
+                let wait = lock(&self.inner).deadline.map(|d| {
+                    d.duration_since(SystemTime::now())
+                        .unwrap_or(Duration::ZERO)
+                });
+                let bake = async {
+                    match wait {
+                        Some(w) => tokio::time::sleep(w).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = bake => {}
+                    () = self.wake.notified() => continue,
+                    r = events.changed() => {
+                        if r.is_err() {
+                            return;
+                        }
+                        if !self.active() {
+                            continue;
+                        }
+                        tokio::time::sleep(COALESCE).await;
+                        events.borrow_and_update();
+                    }
+                }
+                publisher.reapply();
+            }
+        })
+    }
+}

@@ -1,0 +1,73 @@
+//! The nodes as a staged rollout sees them, from the registry of connected streams: per node name, its zone (from
+//! the workloads the mesh state places on it), and per plugin what it ACKed and refused, the rollbacks, shadow
+//! reports and call counts it sent. A node with several streams is merged into one.
+
+use std::collections::BTreeMap;
+
+use crate::ads::counts::CountsRecord;
+use crate::ads::registry::{Nacked, NodeRecord, RollbackRecord};
+use crate::ads::shadow::ShadowRecord;
+use weft_proto::type_url;
+
+/// One node.
+#[derive(Debug, Clone, Default)]
+pub struct NodeView {
+    /// Its zone, when the mesh state says (empty otherwise).
+    pub zone: String,
+    /// Plugin → the version it ACKed.
+    pub acked: BTreeMap<String, String>,
+    /// Plugin → what it refused last.
+    pub nacked: BTreeMap<String, Nacked>,
+    /// Rollbacks it reported.
+    pub rollbacks: Vec<RollbackRecord>,
+    /// Plugin → its latest shadow report.
+    pub shadows: BTreeMap<String, ShadowRecord>,
+    /// Plugin → its latest counts.
+    pub counts: BTreeMap<String, CountsRecord>,
+}
+
+/// Every node with a plugin stream, by node name.
+#[derive(Debug, Clone, Default)]
+pub struct Fleet {
+    /// By node name.
+    pub nodes: BTreeMap<String, NodeView>,
+}
+
+impl Fleet {
+    /// The fleet of these streams (only those subscribed to plugins), with the zone of each node name.
+    pub fn of(records: &[NodeRecord], zones: &BTreeMap<String, String>) -> Self {
+        let mut nodes: BTreeMap<String, NodeView> = BTreeMap::new();
+        for r in records {
+            let Some(t) = r.types.get(type_url::EXTENSION_CONFIG) else {
+                continue;
+            };
+            let v = nodes.entry(r.name.clone()).or_default();
+            v.zone = zones.get(&r.name).cloned().unwrap_or_default();
+            v.acked.extend(t.acked.clone());
+            v.nacked.extend(t.nacked.clone());
+            v.rollbacks.extend(r.rollbacks.iter().cloned());
+            v.shadows.extend(r.shadows.clone());
+            v.counts.extend(r.counts.clone());
+        }
+        Self { nodes }
+    }
+
+    /// The zone of each node name that runs a workload with a zone in `addresses`.
+    pub fn zones(addresses: &crate::ads::resources::TypeSet) -> BTreeMap<String, String> {
+        use weft_proto::istio::workload::{Address, address};
+        let mut out = BTreeMap::new();
+        for r in addresses.values() {
+            let Ok(a) = weft_proto::from_any::<Address>(type_url::ADDRESS, &r.body) else {
+                continue;
+            };
+            if let Some(address::Type::Workload(w)) = a.r#type
+                && !w.node.is_empty()
+                && let Some(l) = w.locality
+                && !l.zone.is_empty()
+            {
+                out.entry(w.node).or_insert(l.zone);
+            }
+        }
+        out
+    }
+}
