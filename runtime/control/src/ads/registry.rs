@@ -245,6 +245,21 @@ impl Registry {
         });
     }
 
+    /// Record what a node says it holds when it subscribes (`initial_resource_versions`: name → version).
+    pub fn holds(
+        &self,
+        stream: u64,
+        type_url: &str,
+        versions: &std::collections::HashMap<String, String>,
+    ) {
+        self.with_type(stream, type_url, |t| {
+            for (name, version) in versions {
+                t.acked.insert(name.clone(), version.clone());
+            }
+        });
+        self.bump();
+    }
+
     /// Record a response sent.
     pub fn sent(&self, stream: u64, type_url: &str, sent: &Sent) {
         let label = TypeLabel::of(type_url);

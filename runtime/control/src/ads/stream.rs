@@ -198,6 +198,12 @@ impl NodeStream {
             }
         }
         if let Some(change) = &received.change {
+            if change.initial && !req.initial_resource_versions.is_empty() {
+                // What a reconnecting node already holds (applied, not refused): it runs these versions, though
+                // this stream never sent them.
+                self.registry
+                    .holds(self.stream, type_url, &req.initial_resource_versions);
+            }
             if let Some(sub) = self.delta.subscription(type_url) {
                 self.registry.subscribed(
                     self.stream,

@@ -44,7 +44,7 @@ impl Rollouts {
     /// The rollouts, resumed from `store` when there is one (without, they are kept in memory only and a restart
     /// starts every staged version over).
     pub fn new(store: Option<FileStore>, registry: Arc<Registry>) -> Result<Self, StoreError> {
-        let records = match &store {
+        let mut records = match &store {
             Some(s) => {
                 let r = s.load()?;
                 tracing::info!(path = %s.path().display(), plugins = r.len(), "rollout state loaded");
@@ -52,6 +52,21 @@ impl Rollouts {
             }
             None => BTreeMap::new(),
         };
+        let now = SystemTime::now();
+        for (name, rec) in &mut records {
+            if let Some(r) = rec
+                .rollout
+                .as_mut()
+                .filter(|r| r.state == Progress::Progressing)
+            {
+                tracing::info!(plugin = %name, stage = r.stage + 1, "resuming a staged rollout");
+                crate::rollout::engine::event(
+                    r,
+                    now,
+                    format!("weft control restarted; resuming at stage {}", r.stage + 1),
+                );
+            }
+        }
         Ok(Self {
             inner: Mutex::new(Inner {
                 records,

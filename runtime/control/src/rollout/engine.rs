@@ -72,7 +72,8 @@ pub fn order(plugin: &str, fleet: &Fleet, placement: Option<&NodeSelector>) -> V
     out
 }
 
-fn event(r: &mut Rollout, now: SystemTime, text: String) {
+/// Add `text` to the rollout's timeline (and the log).
+pub fn event(r: &mut Rollout, now: SystemTime, text: String) {
     let stage = if r.state == Progress::Progressing || r.state == Progress::Aborted {
         r.stage + 1
     } else {
