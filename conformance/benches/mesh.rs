@@ -6,7 +6,11 @@
 //!
 //! Pairs: `weft` (its default plugins, istio-authz and istio-telemetry; no authorization policy, so istio-authz's
 //! declared scope leaves every connection out and it is never called), `weft-pol` (the same with a namespace DENY
-//! policy on the server's namespace that never matches: istio-authz decides every connection), `weft-np`
+//! policy on the server's namespace that never matches: istio-authz decides every connection), `weft-shadow`
+//! (`weft-pol` plus a shadow version of istio-authz, the same component and config, decided beside the serving one
+//! off the data path on node B; a node reads a shadow only from its plugin source, so node B gets one served by this
+//! bench: `mesh/shadow.rs`; after the rounds the bench reads node B's shadow figures and fails if the shadow decided
+//! no connection; the issue's target is `weft-shadow / weft-pol` conn/s ≥ 0.95), `weft-np`
 //! (`--default-plugins false`),
 //! `weft-base` when `WEFT_BASE_BIN` names another weft build (default plugins; before and after a change, in one
 //! run; with `BENCH_BASE_POLICY=1` it gets `weft-pol`'s policy, to compare a change to the decision path; with
@@ -70,9 +74,11 @@ mod output;
 mod pairs;
 #[path = "mesh/probes.rs"]
 mod probes;
+#[path = "mesh/shadow.rs"]
+mod shadow;
 
 use output::{memory, report};
-use pairs::{Round, Running, round, run_relay, start_pairs, wait_listening};
+use pairs::{Pair, Round, Running, round, run_relay, start_pairs, wait_listening};
 use probes::servers;
 
 const SINK: u16 = 9000;
@@ -159,6 +165,64 @@ fn raise_nofile(n: u64) -> u64 {
     getrlimit(Resource::RLIMIT_NOFILE).map_or(soft, |(s, _)| s)
 }
 
+/// The check that makes `weft-shadow / weft-pol` mean something: the shadow decided connections of the rounds
+/// (the new connections of the `cps` part, mostly; also those of `lat` and `bulk`), read from node B's
+/// `/config_dump` before and after them. Panics when it decided none; prints what it decided, skipped (a full
+/// queue) and decided otherwise than the serving version (the same component and policy: none expected).
+async fn check_shadow(
+    pairs: &[Pair],
+    running: &[Running],
+    node: &weft_devmesh::NodeProcess,
+    before: shadow::Figures,
+) {
+    if !["bulk", "cps", "lat"].into_iter().any(part) {
+        return;
+    }
+    // The shadow decides off the data path: let its queue drain before reading.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let after = shadow::figures(node).await;
+    let decided = after.decided.saturating_sub(before.decided);
+    let skipped = after.skipped.saturating_sub(before.skipped);
+    println!(
+        "weft-shadow: node B's shadow of {} decided {decided} connections of the rounds, skipped {skipped} (queue \
+         full, {:.1}% of those offered), {} decided otherwise than the serving version",
+        shadow::PLUGIN,
+        skipped as f64 * 100.0 / (decided + skipped).max(1) as f64,
+        after.divergences.saturating_sub(before.divergences),
+    );
+    // The serving istio-authz of weft-shadow is the plugin build's; weft-pol's is the one its weft build embeds.
+    if let Some(pol) = node_b(pairs, running, "weft-pol") {
+        let (mine, theirs) = (
+            shadow::serving_sha(node).await,
+            shadow::serving_sha(pol).await,
+        );
+        if mine != theirs {
+            println!(
+                "weft-shadow: its istio-authz ({mine:?}) is not the one weft-pol's weft embeds ({theirs:?}): \
+                 the ratio compares two builds of it"
+            );
+        }
+    }
+    assert!(
+        decided > 0,
+        "weft-shadow: the shadow decided no connection during the rounds ({skipped} skipped): \
+         weft-shadow / weft-pol would compare nothing"
+    );
+}
+
+/// Node B of the weft pair `name`, if it runs (for `weft-shadow`, the node whose istio-authz has the shadow).
+fn node_b<'a>(
+    pairs: &[Pair],
+    running: &'a [Running],
+    name: &str,
+) -> Option<&'a weft_devmesh::NodeProcess> {
+    let i = pairs.iter().find(|p| p.name == name)?.running?;
+    match &running[i] {
+        Running::Weft(m) => Some(&m.b),
+        _ => None,
+    }
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     if let Ok(ip) = std::env::var("BENCH_SERVE") {
@@ -223,10 +287,18 @@ async fn main() {
     }
     let n = pairs.len();
     let mut results: Vec<Vec<Round>> = vec![Vec::new(); n];
+    let shadowed = node_b(&pairs, &running, "weft-shadow");
+    let before = match shadowed {
+        Some(node) => Some(shadow::figures(node).await),
+        None => None,
+    };
     for r in 0..z.rounds {
         for (i, figures) in round(&pairs, z, r).into_iter().enumerate() {
             results[i].push(figures);
         }
+    }
+    if let (Some(node), Some(before)) = (shadowed, before) {
+        check_shadow(&pairs, &running, node, before).await;
     }
     report(&pairs, &results);
     for r in running.iter_mut() {

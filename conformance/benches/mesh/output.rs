@@ -47,7 +47,7 @@ pub(crate) fn memory(pairs: &[Pair], idle: usize) {
             |after: u64, before: u64| after.saturating_sub(before) as f64 * 1024.0 / idle as f64;
         let mib = |k: u64| k as f64 / 1024.0;
         println!(
-            "  {:9} idle CPU A+B {idle_cpu:5.2} ms/s | idle RSS A {:6.1}  B {:6.1} (anon A {:5.1}  B {:5.1}) | holding {idle}: A {:6.1}  B {:6.1} | per connection A {:6.0}  B {:6.0}",
+            "  {:11} idle CPU A+B {idle_cpu:5.2} ms/s | idle RSS A {:6.1}  B {:6.1} (anon A {:5.1}  B {:5.1}) | holding {idle}: A {:6.1}  B {:6.1} | per connection A {:6.0}  B {:6.0}",
             p.name,
             mib(before.0),
             mib(before.1),
@@ -66,7 +66,7 @@ pub(crate) fn memory(pairs: &[Pair], idle: usize) {
         ));
     }
     let find = |n: &str| per_conn.iter().find(|(name, ..)| *name == n);
-    for w in ["weft", "weft-pol", "weft-np", "weft-base"] {
+    for w in ["weft", "weft-pol", "weft-shadow", "weft-np", "weft-base"] {
         if let (Some(w), Some(z)) = (find(w), find("ztunnel")) {
             println!(
                 "  {} / ztunnel: idle RSS (A+B) {:.2} (anon {:.2})   per idle connection (A+B) {:.2}",
@@ -83,7 +83,7 @@ pub(crate) fn memory(pairs: &[Pair], idle: usize) {
 pub(crate) fn report(pairs: &[Pair], results: &[Vec<Round>]) {
     let col = |i: usize, f: fn(&Round) -> f64| results[i].iter().map(f).collect::<Vec<_>>();
     println!(
-        "{:9} | {:20} | {:20} | {:20} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16}",
+        "{:11} | {:20} | {:20} | {:20} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16}",
         "pair",
         "bulk Gb/s",
         "bulk down Gb/s",
@@ -99,7 +99,7 @@ pub(crate) fn report(pairs: &[Pair], results: &[Vec<Round>]) {
     for (i, p) in pairs.iter().enumerate() {
         let failed: u64 = results[i].iter().map(|r| r.failed).sum();
         println!(
-            "{:9} | {:20} | {:20} | {:20} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16}{}",
+            "{:11} | {:20} | {:20} | {:20} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16}{}",
             p.name,
             fmt_stats(col(i, |r| r.gbps), 2),
             fmt_stats(col(i, |r| r.down_gbps), 2),
@@ -134,6 +134,7 @@ pub(crate) fn report(pairs: &[Pair], results: &[Vec<Round>]) {
         ("weft-pol", "ztunnel"),
         ("weft-np", "ztunnel"),
         ("weft-base", "ztunnel"),
+        ("weft-shadow", "weft-pol"),
         ("weft", "weft-np"),
         ("weft-pol", "weft-np"),
         ("weft-base", "weft-np"),
@@ -149,7 +150,7 @@ pub(crate) fn report(pairs: &[Pair], results: &[Vec<Round>]) {
             continue;
         };
         println!(
-            "  {:20} bulk {}   down {}   conn/s {}   CPU/conn {}   RTT p50 {}   RTT p99 {}   1st byte p50 {}",
+            "  {:22} bulk {}   down {}   conn/s {}   CPU/conn {}   RTT p50 {}   RTT p99 {}   1st byte p50 {}",
             format!("{a} / {b}"),
             fmt_stats(ratio(i, j, |r| r.gbps), 3),
             fmt_stats(ratio(i, j, |r| r.down_gbps), 3),

@@ -360,6 +360,7 @@ pub(crate) async fn start_pairs(log: &str) -> (Vec<Running>, Vec<Pair>, Vec<Serv
         ("weft-pol", "p", 13, true),
         ("weft-np", "n", 10, false),
         ("weft-base", "o", 12, true),
+        ("weft-shadow", "s", 15, true),
     ] {
         if !wanted(name) {
             continue;
@@ -389,14 +390,21 @@ pub(crate) async fn start_pairs(log: &str) -> (Vec<Running>, Vec<Pair>, Vec<Serv
         }
         let mut config = yaml(c, s);
         if name == "weft-pol"
+            || name == "weft-shadow"
             || (name == "weft-base"
                 && std::env::var_os("BENCH_BASE_POLICY").is_some_and(|v| v == "1"))
         {
             config.push_str(POLICY_NEVER_MATCHING);
         }
-        let mesh = NetMesh::start_with(tag, &layout, &config, log)
-            .await
-            .expect("network namespaces (needs root) and a weft build");
+        let mesh = if name == "weft-shadow" {
+            super::shadow::start(tag, &layout, &config, log)
+                .await
+                .unwrap_or_else(|e| panic!("the weft-shadow pair: {e}"))
+        } else {
+            NetMesh::start_with(tag, &layout, &config, log)
+                .await
+                .expect("network namespaces (needs root) and a weft build")
+        };
         pairs.push(Pair {
             name,
             ns_a: mesh.ns_a.name.clone(),
