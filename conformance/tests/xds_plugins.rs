@@ -617,3 +617,65 @@ async fn a_shadow_that_would_deny_changes_no_verdict_and_its_divergences_show_on
         loads_before
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_telemetry_shadow_counts_the_same_connections_into_metrics_shadow() {
+    let a = Addrs { n: 184 };
+    let (mesh, dir) = plugin_mesh(a, vec![]).await;
+    let echo = SocketAddr::new(IpAddr::V4(a.echo()), 8080);
+    let counter = wasm("conn-counter");
+    put_code(&dir, "counter.wasm", &counter);
+    put(
+        &dir,
+        "counter.yaml",
+        "apiVersion: weft.dev/v1alpha1\nkind: WeftPlugin\nmetadata:\n  name: counter\nspec:\n  \
+         url: file://counter.wasm\n  pluginConfig: {prefix: conns}\n  kind: telemetry\n  shadow:\n    \
+         url: file://counter.wasm\n    pluginConfig: {prefix: conns_next}\n",
+    );
+    let sha = sha256_of(&counter);
+    let ready = tokio::time::timeout(
+        Duration::from_secs(30),
+        until_dump(&mesh.b, "counter and its shadow", |d| {
+            plugin(d, "counter")
+                .is_some_and(|p| p["sha256"] == sha.as_str() && p["shadow"].is_object())
+        }),
+    )
+    .await;
+    if ready.is_err() {
+        let d = mesh.b.config_dump().await.unwrap_or_default();
+        let (_, st) = weft_devmesh::http::get(mesh.control_status, "/status")
+            .await
+            .unwrap();
+        panic!(
+            "no counter with a shadow on node-b: {:#}\n{st}",
+            d["plugins"]
+        );
+    }
+    for _ in 0..3 {
+        echo_once(&mesh.a, a, echo).await.unwrap();
+    }
+    // Node B (the destination) counted them in both versions, each in its own exposition.
+    let opened = |prefix: &str, text: &str| {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{prefix}_opened_total{{direction=\"inbound\"")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let shadow = eventually(
+        Duration::from_secs(30),
+        "3 opens in /metrics/shadow",
+        || async {
+            let (code, body) = mesh
+                .b
+                .http(mesh.b.metrics, "GET", "/metrics/shadow")
+                .await
+                .ok()?;
+            (code == 200 && opened("conns_next", &body) >= 3.0).then_some(body)
+        },
+    )
+    .await;
+    assert_eq!(opened("conns", &shadow), 0.0, "{shadow}");
+    let serving = mesh.b.scrape().await.unwrap();
+    assert!(opened("conns", &serving) >= 3.0, "{serving}");
+    assert_eq!(opened("conns_next", &serving), 0.0, "{serving}");
+}

@@ -26,7 +26,8 @@
 //!     - {nodes: 1, bake: 1m, shadowFirst: true}
 //!     - {percent: 50, bake: 5m}
 //!     abortWhen: {nacks: 0, rollbacks: 0, failureRatio: 0.01, divergenceRatio: 0.001, minCalls: 20}
-//!   shadow:                           # policy only: decided beside the serving version, compared, never enforced
+//!   shadow:                           # beside the serving version (policy: decided and compared, never
+//!                                     # enforced; telemetry: the same events, its metrics at /metrics/shadow)
 //!     url: file://port_allowlist.wasm # as spec.url (file:// inlined, https:// needs sha256)
 //!     sha256: 0167d5...
 //!     pluginConfig: {ports: []}       # the shadow's configure() input
@@ -385,8 +386,8 @@ impl<'de> Deserialize<'de> for BakeText {
 }
 
 /// The staged rollout of `spec.rollout`, checked: `stages` (each exactly one of `nodes` ≥ 1 and `percent` in
-/// 1..=100, percents not decreasing) instead of `nodes`, `shadowFirst` only for policy plugins.
-fn plan_of(r: &RolloutWire, telemetry: bool) -> Result<Option<crate::rollout::plan::Plan>, String> {
+/// 1..=100, percents not decreasing) instead of `nodes`.
+fn plan_of(r: &RolloutWire) -> Result<Option<crate::rollout::plan::Plan>, String> {
     use crate::rollout::plan::{Plan, Stage, StageSize, Thresholds};
     let Some(stages) = &r.stages else {
         if r.abort_when.is_some() {
@@ -423,11 +424,6 @@ fn plan_of(r: &RolloutWire, telemetry: bool) -> Result<Option<crate::rollout::pl
             }
             _ => return Err(format!("{at}: give exactly one of nodes and percent")),
         };
-        if st.shadow_first && telemetry {
-            return Err(format!(
-                "{at}.shadowFirst: a telemetry plugin cannot run as a shadow (only policy plugins are shadowed)"
-            ));
-        }
         out.push(Stage {
             size,
             bake: st.bake.0,
@@ -573,14 +569,6 @@ impl ParsedPlugin {
             resolve_code(&s.url, s.sha256.as_ref(), secret, dir, "spec", &invalid)?;
         let shadow = match &s.shadow {
             None => None,
-            Some(_) if matches!(s.kind, Some(KindWire::Telemetry)) => {
-                return Err(invalid(
-                    "shadow",
-                    "spec.shadow: a telemetry plugin cannot have a shadow (only policy plugins are \
-                     shadowed)"
-                        .into(),
-                ));
-            }
             Some(sh) => {
                 let (code, sha256) = resolve_code(
                     &sh.url,
@@ -649,8 +637,7 @@ impl ParsedPlugin {
             .map(NodeSelector);
         let plan = match &s.rollout {
             None => None,
-            Some(r) => plan_of(r, matches!(s.kind, Some(KindWire::Telemetry)))
-                .map_err(|e| invalid("rollout", e))?,
+            Some(r) => plan_of(r).map_err(|e| invalid("rollout", e))?,
         };
         // The model a node will decode; its wire form is weft-state's encoder (the round trip is tested there).
         let model = PluginResource {

@@ -40,6 +40,11 @@ pub trait AdminHandler: Send + Sync + 'static {
     }
     /// Prometheus text exposition of every metric.
     fn metrics(&self) -> String;
+    /// The metrics of shadow versions (telemetry plugins' shadows define the names their serving versions do, so
+    /// they are exposed apart, at `/metrics/shadow`); `None`: not served.
+    fn shadow_metrics(&self) -> Option<String> {
+        None
+    }
     /// Start a graceful shutdown (drain).
     fn quit(&self);
 }
@@ -376,6 +381,16 @@ async fn route(
                 page,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
             )
+        }
+        (Server::Metrics, &Method::GET, "/stats/prometheus/shadow" | "/metrics/shadow") => {
+            match h.shadow_metrics() {
+                Some(page) => text(
+                    StatusCode::OK,
+                    page,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
+                None => text(StatusCode::NOT_FOUND, "no shadow metrics here\n", PLAIN),
+            }
         }
         (Server::Admin, &Method::GET, "/config_dump" | "/status") => {
             let body = serde_json::to_vec_pretty(&h.config_dump()).unwrap_or_default();

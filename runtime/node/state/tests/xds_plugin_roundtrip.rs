@@ -162,32 +162,27 @@ fn a_remote_shadow_beside_inline_code_keeps_its_pull_secret() {
 }
 
 #[test]
-fn a_shadow_on_a_telemetry_plugin_is_refused_naming_the_field() {
+fn a_shadow_on_a_telemetry_plugin_round_trips_into_its_spec() {
     let mut r = remote();
     r.shadow = Some(ShadowResource {
         code: Code::Inline(Arc::new(b"\0asm".to_vec())),
         sha256: None,
-        config: String::new(),
+        config: "{\"prefix\": \"next\"}".into(),
     });
-    let any = weft_proto::to_any(
-        weft_proto::type_url::EXTENSION_CONFIG,
-        &extension_config(&r),
-    );
-    let e = decode_resource_with(&r.name, &any, &|_| Ok(())).unwrap_err();
-    assert_eq!(e.field, "typed_config.shadow");
-    assert!(e.reason.contains("telemetry"), "{e}");
-    // Kind from the component: refused when the spec is made.
+    assert_eq!(round_trip(&r), r);
+    // Kind from the component: taken when the spec is made.
     r.kind = None;
-    let decoded = round_trip(&r);
-    let e = decoded
+    let spec = round_trip(&r)
         .into_spec(
             Arc::new(b"x".to_vec()),
             "00".repeat(32),
             PluginKind::Telemetry,
             Some((Arc::new(b"y".to_vec()), "11".repeat(32))),
         )
-        .unwrap_err();
-    assert_eq!(e.field, "typed_config.shadow");
+        .unwrap();
+    let shadow = spec.shadow.unwrap();
+    assert_eq!(shadow.sha256.as_deref(), Some("11".repeat(32).as_str()));
+    assert_eq!(shadow.config, "{\"prefix\": \"next\"}");
 }
 
 #[test]

@@ -33,6 +33,8 @@ pub struct Node {
     /// In-pod mode: the pods weft serves (`None` in node mode).
     pub inpod: Option<Arc<weft_inpod::Status>>,
     pub registry: Registry,
+    /// The telemetry plugins' shadow versions' metrics (`/metrics/shadow`).
+    pub shadow_registry: Registry,
     /// The log filter `/logging` shows and changes (none: the process's logging is not this node's).
     pub logs: Option<LogControl>,
     pub quit: CancellationToken,
@@ -58,6 +60,8 @@ impl Node {
         quit: CancellationToken,
     ) -> Self {
         let (host, unenforced) = (sources.host.clone(), sources.host.clone());
+        let mut shadow_registry = Registry::default();
+        sources.host.register_shadow_metrics(&mut shadow_registry);
         Node {
             node: config.node.clone(),
             config: serde_json::to_value(config).unwrap_or_default(),
@@ -66,6 +70,7 @@ impl Node {
             proxy: std::sync::OnceLock::new(),
             inpod,
             registry,
+            shadow_registry,
             logs,
             quit,
             needs_file: config.config.is_some(),
@@ -283,6 +288,14 @@ impl AdminHandler for Node {
             tracing::warn!(error = %e, "encoding metrics");
         }
         out
+    }
+
+    fn shadow_metrics(&self) -> Option<String> {
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.shadow_registry) {
+            tracing::warn!(error = %e, "encoding shadow metrics");
+        }
+        Some(out)
     }
 
     fn quit(&self) {

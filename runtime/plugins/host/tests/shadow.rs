@@ -293,3 +293,80 @@ fn samples_are_rate_limited_and_bounded() {
     // The ring keeps the latest: ids rise.
     assert!(r.samples.windows(2).all(|w| w[0].conn < w[1].conn), "{r:?}");
 }
+
+/// A telemetry plugin's shadow gets the same events; its metrics, under the names it defines, are exposed apart
+/// (the shadow registry), never among the serving version's; a shadow dropped takes its series with it.
+#[test]
+fn a_telemetry_shadow_counts_the_same_events_into_its_own_registry() {
+    let host = host();
+    let mut spec = (*telemetry("counter", &counter(), r#"{"prefix": "conn_counter"}"#)).clone();
+    spec.source = pinned_code(&counter());
+    let plain = Arc::new(spec.clone());
+    let with = shadowed(spec, &counter(), r#"{"prefix": "conn_counter_v2"}"#);
+    loaded(&host, std::slice::from_ref(&with));
+    for port in [80, 81, 82] {
+        let c = Arc::new(conn(port, Some(PEER)));
+        host.on_open(&c);
+        host.on_close(
+            &c,
+            &weft_hooks::CloseRecord {
+                bytes_sent: 10,
+                bytes_received: 20,
+                duration: Duration::from_millis(1),
+                verdict: Verdict::Allow,
+                error: None,
+                response_flags: "-",
+            },
+        );
+    }
+    host.flush_telemetry();
+    let serving = host.metrics_text();
+    let shadow = host.shadow_metrics_text();
+    let opened = |prefix: &str| {
+        format!("{prefix}_opened_total{{direction=\"inbound\",destination_workload=\"server\"}} 3")
+    };
+    assert!(serving.contains(&opened("conn_counter")), "{serving}");
+    assert!(!serving.contains("conn_counter_v2"), "{serving}");
+    assert!(shadow.contains(&opened("conn_counter_v2")), "{shadow}");
+    assert!(!shadow.contains(&opened("conn_counter")), "{shadow}");
+
+    // Same names in both: each registry has its own series.
+    let same = shadowed(
+        (*plain).clone(),
+        &counter(),
+        r#"{"prefix": "conn_counter"}"#,
+    );
+    let report = host.apply(std::slice::from_ref(&same), &[]);
+    assert_eq!(
+        report.get("counter"),
+        Some(&Outcome::Unchanged),
+        "{report:?}"
+    );
+    let c = Arc::new(conn(80, Some(PEER)));
+    host.on_open(&c);
+    host.flush_telemetry();
+    let shadow = host.shadow_metrics_text();
+    assert!(
+        shadow.contains(
+            "conn_counter_opened_total{direction=\"inbound\",destination_workload=\"server\"} 1"
+        ),
+        "a new shadow version starts empty: {shadow}"
+    );
+    assert!(!shadow.contains("conn_counter_v2"), "{shadow}");
+    assert!(host.metrics_text().contains(
+        "conn_counter_opened_total{direction=\"inbound\",destination_workload=\"server\"} 4"
+    ));
+
+    // Dropped: no shadow series left.
+    let report = host.apply(std::slice::from_ref(&plain), &[]);
+    assert_eq!(
+        report.get("counter"),
+        Some(&Outcome::Unchanged),
+        "{report:?}"
+    );
+    assert!(
+        !host.shadow_metrics_text().contains("conn_counter"),
+        "{}",
+        host.shadow_metrics_text()
+    );
+}

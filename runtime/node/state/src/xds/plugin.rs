@@ -140,12 +140,6 @@ impl PluginResource {
                 ));
             }
             (Some(_), None) => return Err(err(format!("{SHADOW_FIELD}.code"), "not fetched")),
-            (Some(_), Some(_)) if kind == PluginKind::Telemetry => {
-                return Err(err(
-                    SHADOW_FIELD,
-                    "a telemetry plugin cannot have a shadow (only policy plugins are shadowed)",
-                ));
-            }
             (Some(s), Some((bytes, sha))) => Some(Arc::new(PluginShadow {
                 source: PluginSource::Inline(bytes),
                 sha256: Some(sha),
@@ -263,12 +257,6 @@ pub fn decode_with(
     if let Some(wp) = extra {
         weft_fields(&wp, &mut r)?;
         if let Some(sh) = &wp.shadow {
-            if r.kind == Some(PluginKind::Telemetry) {
-                return Err(err(
-                    SHADOW_FIELD,
-                    "a telemetry plugin cannot have a shadow (only policy plugins are shadowed)",
-                ));
-            }
             let (code, sha256) = code_source(
                 sh.code.as_ref(),
                 &format!("{SHADOW_FIELD}.code"),

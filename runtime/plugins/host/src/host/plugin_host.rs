@@ -136,12 +136,14 @@ impl PluginHost {
             shadow_queue,
             shadow_book,
         };
-        let hub = Arc::new(MetricsHub::new(LabelLimits {
+        let limits = LabelLimits {
             max_value_len: config.max_label_value_len,
             max_bytes: config.max_label_bytes_per_plugin,
-        }));
+        };
+        let hub = Arc::new(MetricsHub::new(limits));
+        let shadow_hub = Arc::new(MetricsHub::new(limits));
         let (wake, woken) = mpsc::channel();
-        let plugins = Arc::new(Plugins::new(chain, wake, metrics, hub, loading));
+        let plugins = Arc::new(Plugins::new(chain, wake, metrics, hub, shadow_hub, loading));
         rollback::start_thread(plugins.clone(), woken)?;
         Ok(Self {
             plugins,
@@ -198,6 +200,13 @@ impl PluginHost {
         self.plugins.metrics.register(registry, &self.plugins.hub);
     }
 
+    /// Registers the metrics of the telemetry plugins' shadow versions into `registry` (a registry of their own,
+    /// exposed apart: a shadow defines the same names as the version it shadows), with the same names, labels and
+    /// limits as serving versions' metrics.
+    pub fn register_shadow_metrics(&self, registry: &mut Registry) {
+        registry.register_collector(Box::new(self.plugins.shadow_hub.clone()));
+    }
+
     /// The epoch ticker's state: it ticks only while guest calls run and parks when they stop (tests, debugging).
     pub fn epoch_ticker(&self) -> EpochTickerStatus {
         let clock = self.ticker.clock();
@@ -232,6 +241,17 @@ impl PluginHost {
     pub fn metrics_text(&self) -> String {
         let mut registry = Registry::default();
         self.register_metrics(&mut registry);
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+
+    /// The Prometheus text of the telemetry plugins' shadow versions' metrics (what `/metrics/shadow` shows).
+    pub fn shadow_metrics_text(&self) -> String {
+        let mut registry = Registry::default();
+        self.register_shadow_metrics(&mut registry);
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
             out.clear();

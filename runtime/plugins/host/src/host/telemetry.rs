@@ -82,7 +82,13 @@ impl TelemetryQueue {
                 worker(
                     rx,
                     batch.max(1),
-                    || chain.load().telemetry.iter().all(|p| p.takes_batches()),
+                    || {
+                        let c = chain.load();
+                        c.telemetry
+                            .iter()
+                            .chain(&c.telemetry_shadows)
+                            .all(|p| p.takes_batches())
+                    },
                     |batch| deliver(&chain.load(), batch),
                     || {
                         if !linger.is_zero() {
@@ -247,7 +253,7 @@ fn worker(
 }
 
 fn deliver(chain: &Chain, batch: &EventBatch) {
-    for plugin in &chain.telemetry {
+    for plugin in chain.telemetry.iter().chain(&chain.telemetry_shadows) {
         let sel = &plugin.spec.selector;
         if sel.namespaces.is_empty() && sel.workloads.is_empty() {
             plugin.on_batch(&batch.view());

@@ -194,8 +194,9 @@ impl Plugins {
         report
     }
 
-    /// Loads, keeps or drops the shadow version of every serving policy plugin as its spec says. A shadow that
-    /// fails to load is reported (`shadow_report`) and logged; the serving version is not affected.
+    /// Loads, keeps or drops the shadow version of every serving plugin as its spec says (a policy plugin's decides
+    /// beside it; a telemetry plugin's gets the same events, its metrics in the shadow hub). A shadow that fails to
+    /// load is reported (`shadow_report`) and logged; the serving version is not affected.
     fn reconcile_shadows(
         &self,
         applied: &mut Applied,
@@ -210,13 +211,10 @@ impl Plugins {
             let Some(spec) = wanted.get(name) else {
                 continue;
             };
-            let Some(shadow) = spec
-                .shadow
-                .as_ref()
-                .filter(|_| spec.kind == PluginKind::Policy)
-            else {
+            let Some(shadow) = spec.shadow.as_ref() else {
                 continue;
             };
+            let telemetry = spec.kind == PluginKind::Telemetry;
             let current = applied.shadows.get(name);
             let keep = current.is_some_and(|c| {
                 *c.spec == **shadow
@@ -238,7 +236,13 @@ impl Plugins {
                 ..(**spec).clone()
             });
             let instances = version.pool_target().min(2);
-            match self.load_as(&shadow_spec, &format!("{name}.shadow"), state, instances) {
+            // A telemetry shadow's metrics keep the plugin's name, in a hub of their own.
+            let loaded = if telemetry {
+                self.load_into(&shadow_spec, name, &self.shadow_hub, state, instances)
+            } else {
+                self.load_as(&shadow_spec, &format!("{name}.shadow"), state, instances)
+            };
+            match loaded {
                 Ok(v) => {
                     let same_code = current
                         .is_some_and(|c| c.version.sha256 == v.sha256 && *c.spec == **shadow);
@@ -265,6 +269,7 @@ impl Plugins {
         for name in applied.shadows.keys() {
             if !next.contains_key(name) {
                 self.hub.remove(&format!("{name}.shadow"));
+                self.shadow_hub.remove(name);
             }
         }
         for name in book.plugins() {
@@ -352,15 +357,21 @@ impl Plugins {
         state: &PolicyState,
         instances: usize,
     ) -> Result<PluginVersion, LoadError> {
+        self.load_into(spec, series, &self.hub, state, instances)
+    }
+
+    /// [`Self::load_as`], its plugin metrics in `hub`.
+    fn load_into(
+        &self,
+        spec: &Arc<PluginSpec>,
+        series: &str,
+        hub: &Arc<crate::metrics::plugin::MetricsHub>,
+        state: &PolicyState,
+        instances: usize,
+    ) -> Result<PluginVersion, LoadError> {
         let loading = &self.loading;
         let code = compile(spec, &loading.cache, &loading.instances.engine)?;
-        let ctx = PluginCtx::new(
-            series,
-            spec.kind,
-            &self.metrics,
-            &self.hub,
-            &loading.imports,
-        );
+        let ctx = PluginCtx::new(series, spec.kind, &self.metrics, hub, &loading.imports);
         PluginVersion::load(
             spec.clone(),
             code,

@@ -44,6 +44,8 @@ pub(crate) struct Chain {
     pub shadows: Vec<Arc<Shadow>>,
     /// Where a shadow decision is queued (set when `shadows` is not empty).
     pub shadow_queue: Option<ShadowQueue>,
+    /// The shadow versions of serving telemetry plugins: given the same events, their metrics kept apart.
+    pub telemetry_shadows: Vec<Arc<PluginVersion>>,
 }
 
 impl Chain {
@@ -96,6 +98,7 @@ impl Chain {
             unenforced,
             shadows: Vec::new(),
             shadow_queue: None,
+            telemetry_shadows: Vec::new(),
         }
     }
 

@@ -67,6 +67,8 @@ pub(crate) struct Plugins {
     pub wake: mpsc::Sender<Wake>,
     pub metrics: HostMetrics,
     pub hub: Arc<MetricsHub>,
+    /// The metrics of telemetry plugins' shadow versions (exported apart, under the same names and limits).
+    pub shadow_hub: Arc<MetricsHub>,
     pub loading: Loading,
 }
 
@@ -77,6 +79,7 @@ impl Plugins {
         wake: mpsc::Sender<Wake>,
         metrics: HostMetrics,
         hub: Arc<MetricsHub>,
+        shadow_hub: Arc<MetricsHub>,
         loading: Loading,
     ) -> Self {
         Self {
@@ -88,6 +91,7 @@ impl Plugins {
             wake,
             metrics,
             hub,
+            shadow_hub,
             loading,
         }
     }

@@ -55,12 +55,21 @@ impl Plugins {
             .flatten()
             .map(Arc::new);
         let mut chain = Chain::build(&serving, &broken, unenforced);
-        chain.shadows = applied
+        let shadows = applied
             .shadows
             .iter()
-            .filter(|(name, _)| applied.serving.contains_key(*name))
+            .filter(|(name, _)| applied.serving.contains_key(*name));
+        chain.shadows = shadows
+            .clone()
+            .filter(|(_, s)| s.version.spec.kind == PluginKind::Policy)
             .map(|(_, s)| s.clone())
             .collect();
+        let telemetry_shadows: Vec<Arc<PluginVersion>> = shadows
+            .clone()
+            .filter(|(_, s)| s.version.spec.kind == PluginKind::Telemetry)
+            .map(|(_, s)| s.version.clone())
+            .collect();
+        chain.telemetry_shadows = telemetry_shadows.clone();
         if !chain.shadows.is_empty() {
             chain.shadow_queue = Some(self.loading.shadow_queue.clone());
         }
@@ -70,6 +79,11 @@ impl Plugins {
                 .serving
                 .iter()
                 .map(|(n, v)| (n.as_str(), &v.ctx.metrics)),
+        );
+        self.shadow_hub.publish(
+            telemetry_shadows
+                .iter()
+                .map(|v| (v.spec.name.as_str(), &v.ctx.metrics)),
         );
     }
 
