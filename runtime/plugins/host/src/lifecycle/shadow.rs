@@ -1,7 +1,7 @@
 //! Shadow versions of policy plugins: decided beside the serving version on the same connections, off the data
-//! path (a bounded queue to one thread; a full queue skips the decision and counts it), compared with the serving
-//! verdict, counted per (plugin, direction, serving verdict, shadow verdict) and sampled where they diverge. Never
-//! enforced: a shadow that traps or times out is counted as `error` and nothing else happens.
+//! path (a bounded queue to one thread at nice 19; a full queue skips the decision and counts it), compared with
+//! the serving verdict, counted per (plugin, direction, serving verdict, shadow verdict) and sampled where they
+//! diverge. Never enforced: a shadow that traps or times out is counted as `error` and nothing else happens.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
@@ -65,6 +65,23 @@ impl ShadowQueue {
         };
         if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.0.try_send(job) {
             shadow.skipped.inc();
+        }
+    }
+}
+
+/// Lowers the calling thread (the shadow thread) to nice 19: it gets a core when the data path leaves one, and
+/// otherwise a small share, so shadow decisions never take CPU from connections; while the machine is busy they
+/// queue, and past the queue's bound they are skipped and counted. (Not the idle class: there a decision could
+/// wait seconds for a slice and pass its call's wall-clock cap, an `error` that would read as a divergence.)
+#[allow(unsafe_code)]
+fn low_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid has no preconditions; setpriority with PRIO_PROCESS and a thread id changes that thread's
+        // nice value only (Linux schedules threads individually).
+        let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
+        if rc != 0 {
+            tracing::debug!(error = %std::io::Error::last_os_error(), "shadow thread: cannot lower its priority");
         }
     }
 }
@@ -305,6 +322,7 @@ pub(crate) fn queue(capacity: usize) -> (ShadowQueue, Receiver<ShadowJob>) {
 
 /// The shadow thread's loop: decides queued jobs until every sender is gone (the host dropped).
 pub(crate) fn run(rx: Receiver<ShadowJob>, book: Arc<ShadowBook>) {
+    low_priority();
     while let Ok(job) = rx.recv() {
         book.decide(job);
     }
