@@ -213,6 +213,7 @@ async fn a_divergent_version_stops_at_its_first_stage_a_good_one_reaches_every_n
 
     let addr = free_port().unwrap();
     let status_addr = free_port().unwrap();
+    let metrics_addr = free_port().unwrap();
     let args: Vec<String> = [
         "--listen",
         &addr.to_string(),
@@ -229,7 +230,7 @@ async fn a_divergent_version_stops_at_its_first_stage_a_good_one_reaches_every_n
         "--status",
         &status_addr.to_string(),
         "--metrics",
-        "off",
+        &metrics_addr.to_string(),
         "--poll",
         "20ms",
         "--log-json",
@@ -403,6 +404,17 @@ async fn a_divergent_version_stops_at_its_first_stage_a_good_one_reaches_every_n
         "{r}"
     );
     assert_eq!(r["previousSha256"], allow_sha.as_str());
+    // And as metrics.
+    let (_, metrics) = weft_devmesh::http::get(metrics_addr, "/metrics")
+        .await
+        .unwrap();
+    for line in [
+        "weft_control_rollout_state{plugin=\"allowlist\",state=\"aborted\"} 1",
+        "weft_control_rollout_stage{plugin=\"allowlist\"} 1",
+        "weft_control_rollout_nodes{plugin=\"allowlist\"} 2",
+    ] {
+        assert!(metrics.contains(line), "no {line} in {metrics}");
+    }
     let s = until_all_run(status_addr, &v3, "every node back on v3").await;
     for n in s["nodes"].as_array().unwrap() {
         if n["plugins"]["allowlist"].is_object() {

@@ -51,7 +51,7 @@ pub struct ControlArgs {
     /// TypedExtensionConfig resources. `file://` code is read relative to it and inlined.
     #[arg(long, env = "WEFT_CONTROL_PLUGINS")]
     pub plugins_dir: Option<PathBuf>,
-    /// File the staged rollouts of `--plugins` are kept in (JSON, mode 0600; created if missing), so a restart
+    /// File the staged rollouts of `--plugins-dir` are kept in (JSON, mode 0600; created if missing), so a restart
     /// resumes each rollout at its stage; without it they are kept in memory only.
     #[arg(long, env = "WEFT_CONTROL_ROLLOUT_STATE", requires = "plugins_dir")]
     pub rollout_state: Option<PathBuf>,

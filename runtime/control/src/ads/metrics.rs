@@ -1,5 +1,6 @@
 //! weft control's Prometheus metrics (prometheus-client): streams, responses and resources sent, ACKs and NACKs by
-//! type, ACK latency, rollbacks reported by nodes, authentication refusals, and the sources' state.
+//! type, ACK latency, rollbacks reported by nodes, authentication refusals, the sources' state, and each staged
+//! rollout's stage, state and figures.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -82,6 +83,25 @@ pub struct Metrics {
     pub snapshot_version: Gauge,
     /// Changes refused by a source (set when scraped).
     pub source_refused: Family<SourceLabel, Gauge>,
+    /// Per plugin with a staged rollout: its stage (1-based).
+    pub rollout_stage: Family<PluginLabel, Gauge>,
+    /// Per plugin and rollout state (`progressing`, `complete`, `aborted`): 1 for the state it is in.
+    pub rollout_state: Family<RolloutStateLabel, Gauge>,
+    /// Per plugin: the nodes its rollout put the version on so far.
+    pub rollout_nodes: Family<PluginLabel, Gauge>,
+    /// Per plugin: the shadow decisions of its rollout's version that diverged, and all of them.
+    pub rollout_divergences: Family<PluginLabel, Gauge>,
+    /// See `rollout_divergences`.
+    pub rollout_decisions: Family<PluginLabel, Gauge>,
+}
+
+/// Labels: a plugin and a rollout state.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RolloutStateLabel {
+    /// The plugin.
+    pub plugin: String,
+    /// `progressing`, `complete` or `aborted`.
+    pub state: String,
 }
 
 impl Default for Metrics {
@@ -107,6 +127,11 @@ impl Metrics {
             refused: Family::default(),
             snapshot_version: Gauge::default(),
             source_refused: Family::default(),
+            rollout_stage: Family::default(),
+            rollout_state: Family::default(),
+            rollout_nodes: Family::default(),
+            rollout_divergences: Family::default(),
+            rollout_decisions: Family::default(),
             registry: Registry::default(),
         };
         registry.register("streams", "Delta ADS streams accepted", m.streams.clone());
@@ -152,6 +177,31 @@ impl Metrics {
             "source_refused_changes",
             "Changes a source refused (bad file); the last good state keeps serving",
             m.source_refused.clone(),
+        );
+        registry.register(
+            "rollout_stage",
+            "The stage a plugin's staged rollout is at (1-based)",
+            m.rollout_stage.clone(),
+        );
+        registry.register(
+            "rollout_state",
+            "1 for the state a plugin's staged rollout is in (progressing, complete, aborted)",
+            m.rollout_state.clone(),
+        );
+        registry.register(
+            "rollout_nodes",
+            "Nodes a plugin's staged rollout put its version on so far",
+            m.rollout_nodes.clone(),
+        );
+        registry.register(
+            "rollout_shadow_divergences",
+            "Shadow decisions of a staged version that differed from the serving version's",
+            m.rollout_divergences.clone(),
+        );
+        registry.register(
+            "rollout_shadow_decisions",
+            "Shadow decisions of a staged version",
+            m.rollout_decisions.clone(),
         );
         Self { registry, ..m }
     }

@@ -216,6 +216,45 @@ impl AdminHandler for Status {
                 })
                 .set(i64::try_from(st.refused).unwrap_or(i64::MAX));
         }
+        if let Some(r) = self.publisher.rollouts() {
+            let g = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+            // A removed plugin's series go with it.
+            m.rollout_stage.clear();
+            m.rollout_nodes.clear();
+            m.rollout_divergences.clear();
+            m.rollout_decisions.clear();
+            m.rollout_state.clear();
+            for (plugin, rec) in r.records() {
+                let Some(ro) = rec.rollout else { continue };
+                let label = crate::ads::metrics::PluginLabel {
+                    plugin: plugin.clone(),
+                };
+                m.rollout_stage
+                    .get_or_create(&label)
+                    .set(g(ro.stage as u64 + 1));
+                m.rollout_nodes
+                    .get_or_create(&label)
+                    .set(g(ro.nodes.len() as u64));
+                m.rollout_divergences
+                    .get_or_create(&label)
+                    .set(g(ro.figures.divergences));
+                m.rollout_decisions
+                    .get_or_create(&label)
+                    .set(g(ro.figures.decisions));
+                for (state, name) in [
+                    (crate::rollout::state::Progress::Progressing, "progressing"),
+                    (crate::rollout::state::Progress::Complete, "complete"),
+                    (crate::rollout::state::Progress::Aborted, "aborted"),
+                ] {
+                    m.rollout_state
+                        .get_or_create(&crate::ads::metrics::RolloutStateLabel {
+                            plugin: plugin.clone(),
+                            state: name.into(),
+                        })
+                        .set(i64::from(ro.state == state));
+                }
+            }
+        }
         m.encode()
     }
 

@@ -330,12 +330,14 @@ fn step_inner(
         };
         r.phase = first_phase(&plan, 0, base.is_some());
         let text = format!(
-            "started: {} stage(s), replacing {}",
+            "started: version {}{}, {} stage(s), replacing {}",
+            r.target_version,
+            code_of(r.target_sha256.as_deref()),
             plan.stages.len(),
-            r.previous_sha256
-                .as_deref()
-                .or(r.previous_version.as_deref())
-                .unwrap_or("nothing")
+            match &r.previous_version {
+                Some(v) => format!("version {v}{}", code_of(r.previous_sha256.as_deref())),
+                None => "nothing".into(),
+            }
         );
         event(&mut r, now, text);
         record.rollout = Some(r);
@@ -404,16 +406,14 @@ fn step_inner(
                 at: rfc3339(now),
             });
             r.state = Progress::Aborted;
+            let back = match &r.previous_version {
+                Some(v) => format!("version {v}{}", code_of(r.previous_sha256.as_deref())),
+                None => "no version (the plugin is withdrawn)".into(),
+            };
             event(
                 r,
                 now,
-                format!(
-                    "aborted: {why}; every node goes back to {}",
-                    r.previous_sha256
-                        .as_deref()
-                        .or(r.previous_version.as_deref())
-                        .unwrap_or("no version")
-                ),
+                format!("aborted: {why}; every node goes back to {back}"),
             );
             tracing::warn!(plugin = name, reason = %why, "staged rollout aborted");
             entry.nodes = Some(NodeSelector(Vec::new()));
@@ -508,6 +508,13 @@ fn step_inner(
         deadline,
         ..Step::default()
     }
+}
+
+/// ` (code <first 12 hex digits of its sha256>)`, when known.
+fn code_of(sha256: Option<&str>) -> String {
+    sha256.map_or(String::new(), |s| {
+        format!(" (code {})", &s[..s.len().min(12)])
+    })
 }
 
 fn first_phase(plan: &Plan, stage: usize, has_base: bool) -> Phase {

@@ -192,7 +192,10 @@ fn a_clean_version_goes_stage_by_stage_to_every_node() {
     let events: Vec<&str> = r.timeline.iter().map(|e| e.event.as_str()).collect();
     assert_eq!(events.len(), 8, "{events:#?}");
     assert!(
-        events[0].starts_with("started: 3 stage(s), replacing 1111"),
+        events[0]
+            == format!(
+                "started: version {target} (code 222222222222), 3 stage(s), replacing version {v1} (code 111111111111)"
+            ),
         "{events:?}"
     );
     assert!(events[7].starts_with("complete"), "{events:?}");
