@@ -68,6 +68,22 @@ where
     bail!("{what}: not within 30 s")
 }
 
+/// Poll `f` every 10 ms until it gives a value (or 30 s pass).
+async fn poll<T, F, Fut>(what: &str, mut f: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        if let Some(v) = f().await {
+            return Ok(v);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    bail!("{what}: not within 30 s")
+}
+
 /// Whether `node` serves plugin `name` with `config` (its status in /config_dump).
 async fn serves(node: &NodeProcess, name: &str, sha256: &str) -> bool {
     node.config_dump().await.is_ok_and(|d| {
@@ -196,6 +212,8 @@ async fn demo(args: DemoArgs, dir: &Path) -> anyhow::Result<()> {
         let token = dir.join(format!("{name}.token"));
         opts.extra.extend(xds_flags(ads, &root, &token, name));
         opts.extra.extend(plugin_xds_flags(ads, &root, &token));
+        opts.extra
+            .extend(["--plugin-shadow-report-interval".into(), "500ms".into()]);
         let mut n = NodeProcess::spawn(&weft, &opts)?;
         n.wait_ready(Duration::from_secs(30))
             .await
@@ -302,6 +320,7 @@ async fn demo(args: DemoArgs, dir: &Path) -> anyhow::Result<()> {
         println!("  node-b /stats/prometheus: {line}");
     }
     push_plugin(&nodes, &plugins, status).await?;
+    shadow_and_rollout(&nodes, &plugins, status).await?;
     if args.keep {
         println!(
             "\nmesh running; try: curl -s http://{}/config_dump ; Ctrl-C to stop",
@@ -396,6 +415,110 @@ async fn push_plugin(
                 println!("  {}: {}", field(&n, "name"), runs.join(", "));
             }
         }
+    }
+    Ok(())
+}
+
+/// weft-control's `/status`.
+async fn control_status(status: SocketAddr) -> Option<serde_json::Value> {
+    let (code, body) = weft_devmesh::http::get(status, "/status").await.ok()?;
+    (code == 200).then(|| serde_json::from_str(&body).ok())?
+}
+
+/// A shadow version beside the serving one (its divergences reported to weft-control), then a staged rollout of
+/// a new version that runs as a shadow on one node before it serves there and then everywhere.
+async fn shadow_and_rollout(
+    nodes: &[NodeProcess],
+    plugins: &Path,
+    status: SocketAddr,
+) -> anyhow::Result<()> {
+    let echo = SocketAddr::from((ECHO_IP, 8080));
+    println!("
+adding a shadow version that would allow port 9090 only (decided beside the serving one, never enforced)");
+    let shadowed = format!(
+        "{}  shadow:\n    url: file://port_allowlist.wasm\n    pluginConfig: {{ports: [9090]}}\n",
+        allowlist_yaml("8080")
+    );
+    put(plugins, "allowlist.yaml", shadowed.as_bytes())?;
+    let node_b = &nodes[1];
+    time_until("the shadow loaded on node-b", || async {
+        node_b.config_dump().await.is_ok_and(|d| {
+            d["plugins"].as_array().is_some_and(|ps| {
+                ps.iter()
+                    .any(|p| p["name"] == "allowlist" && p["shadow"]["sha256"].is_string())
+            })
+        })
+    })
+    .await?;
+    for _ in 0..3 {
+        send_quiet(&nodes[0], echo)
+            .await
+            .then_some(())
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "a connection to {echo} was refused while only the shadow would deny it"
+                )
+            })?;
+    }
+    println!("  3 connections to {echo}: all passed (the serving version allows 8080)");
+    let report = poll("node-b's shadow report in weft-control", || async {
+        let doc = control_status(status).await?;
+        doc["nodes"].as_array()?.iter().find_map(|n| {
+            (n["name"] == "node-b" && n["shadows"]["allowlist"]["divergences"].as_u64() >= Some(3))
+                .then(|| n["shadows"]["allowlist"].clone())
+        })
+    })
+    .await?;
+    let total: u64 = report["decisions"]
+        .as_array()
+        .map(|ds| ds.iter().filter_map(|d| d["count"].as_u64()).sum())
+        .unwrap_or(0);
+    println!(
+        "  weft-control /status, node-b's shadow report: {total} decisions, {} divergent",
+        report["divergences"]
+    );
+    if let Some(s) = report["samples"].as_array().and_then(|s| s.last()) {
+        println!(
+            "    e.g. {} {} -> {} ({} -> {}): serving {}, shadow {} ({})",
+            field(s, "direction"),
+            field(s, "source"),
+            field(s, "destination"),
+            field(s, "sourceWorkload"),
+            field(s, "destinationWorkload"),
+            field(s, "serving"),
+            field(s, "shadow"),
+            field(s, "shadowReason")
+        );
+    }
+
+    println!(
+        "staged rollout of a version allowing 8080 and 9090: 1 node as a shadow first (2 s), then serving (2 s), then every node"
+    );
+    let staged = format!(
+        "{}  rollout:\n    stages:\n    - {{nodes: 1, bake: 2s, shadowFirst: true}}\n    - {{percent: 100, bake: 1s}}\n    \
+         abortWhen: {{divergenceRatio: 0.05, minCalls: 5}}\n",
+        allowlist_yaml("8080, 9090")
+    );
+    put(plugins, "allowlist.yaml", staged.as_bytes())?;
+    let node_a = &nodes[0];
+    let rollout = poll("the staged rollout to end", || async {
+        // Traffic for the stage to judge.
+        let _ = send_quiet(node_a, echo).await;
+        let doc = control_status(status).await?;
+        let r = doc["rollouts"]["plugins"]["allowlist"]["rollout"].clone();
+        (r["state"].is_string() && r["state"] != "progressing").then_some(r)
+    })
+    .await?;
+    for e in rollout["timeline"].as_array().cloned().unwrap_or_default() {
+        println!(
+            "  {:>5.1}s  stage {}: {}",
+            e["afterSeconds"].as_f64().unwrap_or_default(),
+            e["stage"],
+            field(&e, "event")
+        );
+    }
+    if rollout["state"] != "complete" {
+        bail!("the staged rollout did not complete: {rollout}");
     }
     Ok(())
 }
