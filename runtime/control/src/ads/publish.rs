@@ -43,6 +43,8 @@ struct Inner {
     plugins: SourceStatus,
     /// The plugins as the source last gave them (before the staged rollouts set who gets what).
     source_plugins: Option<BTreeMap<String, PluginEntry>>,
+    /// Bumped with every mesh change (what the rollouts' zone map is cached under).
+    mesh_generation: u64,
 }
 
 /// Builds and publishes snapshots.
@@ -78,6 +80,7 @@ impl Publisher {
                     ..Default::default()
                 },
                 source_plugins: None,
+                mesh_generation: 0,
             }),
             rollouts: Mutex::new(None),
             tx: watch::channel(Arc::new(Snapshot::default())).0,
@@ -152,7 +155,8 @@ impl Publisher {
 
     /// Replace the mesh resources.
     pub fn publish_mesh(&self, addresses: TypeSet, authorizations: TypeSet) {
-        self.update(SourceKind::Mesh, |s, _| {
+        self.update(SourceKind::Mesh, |s, inner| {
+            inner.mesh_generation += 1;
             s.addresses = addresses;
             s.authorizations = authorizations;
         });
@@ -164,7 +168,8 @@ impl Publisher {
         let rollouts = self.rollouts();
         self.update(SourceKind::Plugins, |s, inner| {
             inner.source_plugins = Some(plugins.clone());
-            s.plugins = self.staged(&s.plugins, plugins, &s.addresses, rollouts.as_deref());
+            let mesh = (inner.mesh_generation, &s.addresses);
+            s.plugins = self.staged(&s.plugins, plugins, mesh, rollouts.as_deref());
         });
     }
 
@@ -174,7 +179,8 @@ impl Publisher {
         let rollouts = self.rollouts();
         self.update_with(None, |s, inner| {
             if let Some(plugins) = inner.source_plugins.clone() {
-                s.plugins = self.staged(&s.plugins, plugins, &s.addresses, rollouts.as_deref());
+                let mesh = (inner.mesh_generation, &s.addresses);
+                s.plugins = self.staged(&s.plugins, plugins, mesh, rollouts.as_deref());
             }
         });
     }
@@ -183,12 +189,12 @@ impl Publisher {
         &self,
         old: &BTreeMap<String, PluginEntry>,
         mut plugins: BTreeMap<String, PluginEntry>,
-        addresses: &TypeSet,
+        mesh: (u64, &TypeSet),
         rollouts: Option<&crate::rollout::driver::Rollouts>,
     ) -> BTreeMap<String, PluginEntry> {
         carry_bases(old, &mut plugins);
         if let Some(r) = rollouts {
-            r.apply(&mut plugins, addresses, SystemTime::now());
+            r.apply(&mut plugins, mesh, SystemTime::now());
         }
         plugins
     }

@@ -23,6 +23,9 @@ const COALESCE: Duration = Duration::from_millis(50);
 #[derive(Debug, Default)]
 struct Inner {
     records: BTreeMap<String, Record>,
+    /// Node name → zone, and the mesh generation it was read from (decoding every workload on every step would
+    /// cost a big mesh dearly).
+    zones: (Option<u64>, BTreeMap<String, String>),
     deadline: Option<SystemTime>,
     save_error: Option<String>,
 }
@@ -92,17 +95,20 @@ impl Rollouts {
     }
 
     /// Step every plugin of `plugins` (as the source gives them) at `now`: staged entries get their nodes, base and
-    /// shadowing; withdrawn ones are removed. `addresses` gives the nodes' zones.
+    /// shadowing; withdrawn ones are removed. `mesh` (its generation and workloads) gives the nodes' zones.
     pub fn apply(
         &self,
         plugins: &mut BTreeMap<String, PluginEntry>,
-        addresses: &TypeSet,
+        mesh: (u64, &TypeSet),
         now: SystemTime,
     ) {
         let mut g = lock(&self.inner);
         let staged = plugins.values().any(|e| e.plan.is_some());
         let fleet = if staged {
-            Fleet::of(&self.registry.nodes(), &Fleet::zones(addresses))
+            if g.zones.0 != Some(mesh.0) {
+                g.zones = (Some(mesh.0), Fleet::zones(mesh.1));
+            }
+            Fleet::of(&self.registry.nodes(), &g.zones.1)
         } else {
             Fleet::default()
         };

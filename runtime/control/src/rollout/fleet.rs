@@ -71,3 +71,45 @@ impl Fleet {
         out
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a test panics to fail
+mod tests {
+    use std::sync::Arc;
+
+    use weft_proto::istio::workload::{Address, Locality, Workload, address};
+
+    use super::*;
+    use crate::ads::resources::Resource;
+
+    fn workload(uid: &str, node: &str, zone: &str) -> (String, Arc<Resource>) {
+        let a = Address {
+            r#type: Some(address::Type::Workload(Workload {
+                uid: uid.into(),
+                node: node.into(),
+                locality: (!zone.is_empty()).then(|| Locality {
+                    zone: zone.into(),
+                    ..Locality::default()
+                }),
+                ..Workload::default()
+            })),
+        };
+        (uid.into(), Arc::new(Resource::address(uid.into(), &a)))
+    }
+
+    #[test]
+    fn a_node_s_zone_is_that_of_the_workloads_it_runs() {
+        let set: crate::ads::resources::TypeSet = [
+            workload("w1", "node-a", "zone-1"),
+            workload("w2", "node-b", "zone-2"),
+            workload("w3", "node-c", ""),
+            workload("w4", "", "zone-3"),
+        ]
+        .into_iter()
+        .collect();
+        let z = Fleet::zones(&set);
+        assert_eq!(z.get("node-a").map(String::as_str), Some("zone-1"));
+        assert_eq!(z.get("node-b").map(String::as_str), Some("zone-2"));
+        assert_eq!(z.len(), 2, "{z:?}");
+    }
+}
