@@ -214,30 +214,11 @@ async fn a_divergent_version_stops_at_its_first_stage_a_good_one_reaches_every_n
     let addr = free_port().unwrap();
     let status_addr = free_port().unwrap();
     let metrics_addr = free_port().unwrap();
-    let args: Vec<String> = [
-        "--listen",
-        &addr.to_string(),
-        "--ca-dir",
-        &ca.display().to_string(),
-        "--tokens",
-        &tokens.display().to_string(),
-        "--mesh",
-        &mesh.display().to_string(),
-        "--plugins-dir",
-        &plugins.display().to_string(),
-        "--rollout-state",
-        &d.join("rollouts.json").display().to_string(),
-        "--status",
-        &status_addr.to_string(),
-        "--metrics",
-        &metrics_addr.to_string(),
-        "--poll",
-        "20ms",
-        "--log-json",
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect();
+    let mut args = Control::args(addr, &ca, &tokens, &mesh, Some(&plugins), Some(status_addr));
+    let state = d.join("rollouts.json");
+    args.extend(["--rollout-state".to_owned(), state.display().to_string()]);
+    let metrics_flag = args.iter().position(|a| a == "--metrics").unwrap();
+    args[metrics_flag + 1] = metrics_addr.to_string();
     // v1: ports [8080], served at once.
     put(
         &plugins,

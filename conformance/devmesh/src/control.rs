@@ -59,6 +59,28 @@ impl Control {
         status: Option<SocketAddr>,
         log_path: &Path,
     ) -> Result<Self, String> {
+        let args = Self::args(addr, ca_dir, tokens, mesh, plugins_dir, status);
+        let mut c = Self {
+            child: None,
+            addr,
+            log_path: log_path.to_path_buf(),
+            args,
+            binary: control.to_path_buf(),
+        };
+        c.start()?;
+        Ok(c)
+    }
+
+    /// The flags [`Control::spawn`] starts it with (metrics off, JSON logs, 20 ms polls), for a caller that adds
+    /// its own and starts it with [`Control::with_args`].
+    pub fn args(
+        addr: SocketAddr,
+        ca_dir: &Path,
+        tokens: &Path,
+        mesh: &Path,
+        plugins_dir: Option<&Path>,
+        status: Option<SocketAddr>,
+    ) -> Vec<String> {
         let mut args: Vec<String> = [
             "--listen",
             &addr.to_string(),
@@ -82,15 +104,7 @@ impl Control {
         if let Some(d) = plugins_dir {
             args.extend(["--plugins-dir".to_owned(), d.display().to_string()]);
         }
-        let mut c = Self {
-            child: None,
-            addr,
-            log_path: log_path.to_path_buf(),
-            args,
-            binary: control.to_path_buf(),
-        };
-        c.start()?;
-        Ok(c)
+        args
     }
 
     /// Start `weft-control` with exactly `args` (which must listen on `addr`), logging to `log_path`.

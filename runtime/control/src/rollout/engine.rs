@@ -194,21 +194,17 @@ fn crossed(plan: &Plan, f: &Figures) -> Option<String> {
             .collect::<Vec<_>>()
             .join("; ")
     };
-    if f.nacked.len() > t.nacks as usize {
-        return Some(format!(
-            "{} node(s) refused the version (at most {} allowed): {}",
-            f.nacked.len(),
-            t.nacks,
-            list(&f.nacked)
-        ));
-    }
-    if f.rolled_back.len() > t.rollbacks as usize {
-        return Some(format!(
-            "{} node(s) rolled the version back (at most {} allowed): {}",
-            f.rolled_back.len(),
-            t.rollbacks,
-            list(&f.rolled_back)
-        ));
+    for (nodes, max, what) in [
+        (&f.nacked, t.nacks, "refused the version"),
+        (&f.rolled_back, t.rollbacks, "rolled the version back"),
+    ] {
+        if nodes.len() > max as usize {
+            return Some(format!(
+                "{} node(s) {what} (at most {max} allowed): {}",
+                nodes.len(),
+                list(nodes)
+            ));
+        }
     }
     if let Some(max) = t.failure_ratio
         && f.calls >= t.min_calls

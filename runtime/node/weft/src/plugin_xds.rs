@@ -77,35 +77,36 @@ pub fn start(
             }
         }),
     );
-    let reporter = handle.clone();
     weft_plugin_xds::spawn_shadow_reporter(
         host,
-        Arc::new(move |details: &[prost_types::Any]| {
-            match reporter.report(EXTENSION_CONFIG, "shadow report", details.to_vec()) {
-                Ok(sent) => sent,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot report the shadow figures to the control plane");
-                    false
-                }
-            }
-        }),
+        report_sender(&handle, "shadow report", "shadow figures"),
         args.plugin_shadow_report_interval,
     );
-    let counter = handle.clone();
     weft_plugin_xds::spawn_counts_reporter(
         host,
-        Arc::new(move |details: &[prost_types::Any]| {
-            match counter.report(EXTENSION_CONFIG, "plugin counts", details.to_vec()) {
-                Ok(sent) => sent,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot report the plugin call counts to the control plane");
-                    false
-                }
-            }
-        }),
+        report_sender(&handle, "plugin counts", "plugin call counts"),
         args.plugin_shadow_report_interval,
     );
     Ok(Some(handle))
+}
+
+/// Sends report details on the plugin stream (`what` names the request in the xDS log; `figures` the warning when
+/// it cannot go).
+fn report_sender(
+    handle: &XdsHandle,
+    what: &'static str,
+    figures: &'static str,
+) -> Arc<weft_plugin_xds::SendReport> {
+    let handle = handle.clone();
+    Arc::new(move |details: &[prost_types::Any]| {
+        match handle.report(EXTENSION_CONFIG, what, details.to_vec()) {
+            Ok(sent) => sent,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot report the {figures} to the control plane");
+                false
+            }
+        }
+    })
 }
 
 /// The state as the plugin handler's sink: this source's plugin specs, changed resource by resource.

@@ -127,6 +127,18 @@ fn rolled_out_v1(f: &Fleet) -> (Record, PluginEntry) {
     (rec, e)
 }
 
+/// Node `n` reports `calls` and `failures` of `p` serving code 2.
+fn set_counts(f: &mut Fleet, n: &str, calls: u64, failures: u64) {
+    f.nodes.get_mut(n).unwrap().counts.insert(
+        "p".into(),
+        CountsRecord {
+            sha256: sha('2'),
+            calls,
+            failures,
+        },
+    );
+}
+
 fn count(given: &[String], version: &str) -> usize {
     given.iter().filter(|v| *v == version).count()
 }
@@ -253,48 +265,15 @@ fn a_rollback_or_a_failure_ratio_aborts() {
     let nodes = e.nodes.clone().unwrap().0;
     // Counts before the version served are the baseline: 100 calls, 50 failed under v1.
     for n in &nodes {
-        f.nodes.get_mut(n).unwrap().counts.insert(
-            "p".into(),
-            CountsRecord {
-                sha256: sha('2'),
-                calls: 100,
-                failures: 50,
-            },
-        );
+        set_counts(&mut f, n, 100, 50);
     }
     run(&v2, &mut rec, &f, t(2));
     assert_eq!(rec.rollout.as_ref().unwrap().state, Progress::Progressing);
     // 20 more calls, 1 failed: 5 %, under 10 %.
-    f.nodes
-        .get_mut(&nodes[0])
-        .unwrap()
-        .counts
-        .get_mut("p")
-        .unwrap()
-        .calls = 120;
-    f.nodes
-        .get_mut(&nodes[0])
-        .unwrap()
-        .counts
-        .get_mut("p")
-        .unwrap()
-        .failures = 51;
+    set_counts(&mut f, &nodes[0], 120, 51);
     run(&v2, &mut rec, &f, t(3));
     assert_eq!(rec.rollout.as_ref().unwrap().state, Progress::Progressing);
-    f.nodes
-        .get_mut(&nodes[1])
-        .unwrap()
-        .counts
-        .get_mut("p")
-        .unwrap()
-        .calls = 110;
-    f.nodes
-        .get_mut(&nodes[1])
-        .unwrap()
-        .counts
-        .get_mut("p")
-        .unwrap()
-        .failures = 60;
+    set_counts(&mut f, &nodes[1], 110, 60);
     run(&v2, &mut rec, &f, t(4));
     let r = rec.rollout.as_ref().unwrap();
     assert_eq!(r.state, Progress::Aborted);

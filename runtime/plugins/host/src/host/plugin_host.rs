@@ -239,24 +239,12 @@ impl PluginHost {
 
     /// The same metrics as Prometheus/OpenMetrics text (tests, debugging).
     pub fn metrics_text(&self) -> String {
-        let mut registry = Registry::default();
-        self.register_metrics(&mut registry);
-        let mut out = String::new();
-        if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
-            out.clear();
-        }
-        out
+        text_of(|r| self.register_metrics(r))
     }
 
     /// The Prometheus text of the telemetry plugins' shadow versions' metrics (what `/metrics/shadow` shows).
     pub fn shadow_metrics_text(&self) -> String {
-        let mut registry = Registry::default();
-        self.register_shadow_metrics(&mut registry);
-        let mut out = String::new();
-        if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
-            out.clear();
-        }
-        out
+        text_of(|r| self.register_shadow_metrics(r))
     }
 
     /// Blocks until every telemetry event queued so far has been handed to the telemetry plugins (tests, drain).
@@ -281,6 +269,17 @@ impl PluginHost {
             .cloned()?;
         Some(v.authorize_fresh(conn))
     }
+}
+
+/// The text exposition of a registry `register` fills (empty if it cannot be encoded).
+fn text_of(register: impl FnOnce(&mut Registry)) -> String {
+    let mut registry = Registry::default();
+    register(&mut registry);
+    let mut out = String::new();
+    if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
+        out.clear();
+    }
+    out
 }
 
 impl ConnectionHooks for PluginHost {
