@@ -60,15 +60,7 @@ impl Control {
         log_path: &Path,
     ) -> Result<Self, String> {
         let args = Self::args(addr, ca_dir, tokens, mesh, plugins_dir, status);
-        let mut c = Self {
-            child: None,
-            addr,
-            log_path: log_path.to_path_buf(),
-            args,
-            binary: control.to_path_buf(),
-        };
-        c.start()?;
-        Ok(c)
+        Self::with_args(control, addr, args, log_path)
     }
 
     /// The flags [`Control::spawn`] starts it with (metrics off, JSON logs, 20 ms polls), for a caller that adds
