@@ -20,9 +20,15 @@ use crate::rollout::store::{FileStore, StoreError};
 /// How long registry events are gathered before the rollouts are stepped again.
 const COALESCE: Duration = Duration::from_millis(50);
 
+/// How long a change of figures alone may wait to be persisted (a stage, a phase or an abort is persisted at once).
+const FIGURES_EVERY: Duration = Duration::from_secs(5);
+
 #[derive(Debug, Default)]
 struct Inner {
     records: BTreeMap<String, Record>,
+    /// When the records were last written, and whether a change of figures is waiting.
+    saved_at: Option<SystemTime>,
+    unsaved: bool,
     /// Node name → zone, and the mesh generation it was read from (decoding every workload on every step would
     /// cost a big mesh dearly).
     zones: (Option<u64>, BTreeMap<String, String>),
@@ -112,16 +118,18 @@ impl Rollouts {
         } else {
             Fleet::default()
         };
-        let mut changed = false;
+        let mut progressed = false;
         let before = g.records.len();
         g.records.retain(|name, _| plugins.contains_key(name));
-        changed |= g.records.len() != before;
+        progressed |= g.records.len() != before;
+        let mut changed = g.unsaved;
         let mut deadline: Option<SystemTime> = None;
         let mut withdraw = Vec::new();
         for (name, entry) in plugins.iter_mut() {
             let rec = g.records.entry(name.clone()).or_default();
             let s = step(name, entry, rec, &fleet, now);
             changed |= s.changed;
+            progressed |= s.progressed;
             if let Some(d) = s.deadline {
                 deadline = Some(deadline.map_or(d, |x| x.min(d)));
             }
@@ -133,7 +141,21 @@ impl Rollouts {
             plugins.remove(&name);
         }
         g.deadline = deadline;
-        if changed && let Some(store) = &self.store {
+        let due = g
+            .saved_at
+            .is_none_or(|t| now.duration_since(t).unwrap_or(Duration::ZERO) >= FIGURES_EVERY);
+        g.unsaved = self.store.is_some() && changed && !progressed && !due;
+        if g.unsaved
+            && let Some(t) = g.saved_at
+        {
+            // Wake to write the figures that wait.
+            let at = t + FIGURES_EVERY;
+            g.deadline = Some(g.deadline.map_or(at, |d| d.min(at)));
+        }
+        if (progressed || (changed && due))
+            && let Some(store) = &self.store
+        {
+            g.saved_at = Some(now);
             match store.save(&g.records) {
                 Ok(()) => g.save_error = None,
                 Err(e) => {

@@ -28,6 +28,9 @@ pub struct Step {
     pub withdraw: bool,
     /// The record changed (persist it).
     pub changed: bool,
+    /// It changed beyond the figures: a stage, a phase, a node picked, an event, the stable version (persist it
+    /// now; figures alone may wait).
+    pub progressed: bool,
 }
 
 /// The candidate nodes of a plugin in rollout order: the nodes that may run it (its placement), ordered by a
@@ -266,9 +269,25 @@ pub fn step(
     fleet: &Fleet,
     now: SystemTime,
 ) -> Step {
-    let before = record.clone();
+    // Not the stable version's bytes: its version says whether it changed.
+    let stable_before = record.stable.as_ref().map(|s| s.version.clone());
+    let rollout_before = record.rollout.clone();
     let mut out = step_inner(name, entry, record, fleet, now);
-    out.changed = *record != before;
+    let stable_changed = record.stable.as_ref().map(|s| &s.version) != stable_before.as_ref();
+    out.changed = stable_changed || record.rollout != rollout_before;
+    out.progressed = stable_changed
+        || match (&record.rollout, &rollout_before) {
+            (Some(a), Some(b)) => {
+                Rollout {
+                    figures: Figures::default(),
+                    ..a.clone()
+                } != Rollout {
+                    figures: Figures::default(),
+                    ..b.clone()
+                }
+            }
+            (a, b) => a.is_some() != b.is_some(),
+        };
     out
 }
 
@@ -281,9 +300,13 @@ fn step_inner(
 ) -> Step {
     let Some(plan) = entry.plan.clone() else {
         // Served at once; it is what a later staged version replaces.
-        let stable = StoredVersion::of(&entry.current, &entry.info);
-        if record.stable.as_ref() != Some(&stable) {
-            record.stable = Some(stable);
+        // (The bytes are encoded only when the version changed.)
+        if record
+            .stable
+            .as_ref()
+            .is_none_or(|s| s.version != entry.current.version || s.info != entry.info)
+        {
+            record.stable = Some(StoredVersion::of(&entry.current, &entry.info));
         }
         return Step::default();
     };

@@ -267,11 +267,13 @@ fn a_rollback_or_a_failure_ratio_aborts() {
     for n in &nodes {
         set_counts(&mut f, n, 100, 50);
     }
-    run(&v2, &mut rec, &f, t(2));
+    let (_, s) = run(&v2, &mut rec, &f, t(2));
     assert_eq!(rec.rollout.as_ref().unwrap().state, Progress::Progressing);
-    // 20 more calls, 1 failed: 5 %, under 10 %.
+    assert!(s.progressed, "the stage started baking: {s:?}");
+    // 20 more calls, 1 failed: 5 %, under 10 %. Figures alone: changed, not progressed (persisted later).
     set_counts(&mut f, &nodes[0], 120, 51);
-    run(&v2, &mut rec, &f, t(3));
+    let (_, s) = run(&v2, &mut rec, &f, t(3));
+    assert!(s.changed && !s.progressed, "{s:?}");
     assert_eq!(rec.rollout.as_ref().unwrap().state, Progress::Progressing);
     set_counts(&mut f, &nodes[1], 110, 60);
     run(&v2, &mut rec, &f, t(4));
