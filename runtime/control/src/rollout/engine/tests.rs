@@ -479,3 +479,37 @@ fn a_first_version_that_aborts_is_withdrawn() {
     let (_, s) = run(&v, &mut rec, &f, t(2));
     assert!(s.withdraw);
 }
+
+#[test]
+fn an_edit_mid_rollout_starts_over_from_the_stable_version_on_the_plugin_s_nodes_only() {
+    let mut f = fleet(6);
+    let (mut rec, _) = rolled_out_v1(&f);
+    let v1 = rec.stable.clone().unwrap().version;
+    let mut v2 = staged('2');
+    // The plugin is for nodes 0-3 only (its workloads run there).
+    let placement = NodeSelector((0..4).map(|i| format!("node-{i}")).collect());
+    v2.placement = Some(placement.clone());
+    let (e, _) = run(&v2, &mut rec, &f, t(1));
+    ack_all(&mut f, &e);
+    run(&v2, &mut rec, &f, t(2));
+    let (e, _) = run(&v2, &mut rec, &f, t(12));
+    // Stage 2, 50 % of the 4 placed nodes.
+    let picked = e.nodes.clone().unwrap().0;
+    assert_eq!(picked.len(), 2, "{picked:?}");
+    assert!(picked.iter().all(|n| placement.0.contains(n)), "{picked:?}");
+
+    // v3 replaces v2 before it finished: a new rollout from v1, one node, v2 gone from the others.
+    let mut v3 = staged('3');
+    v3.placement = Some(placement.clone());
+    let (e, s) = run(&v3, &mut rec, &f, t(13));
+    assert!(s.progressed);
+    let r = rec.rollout.as_ref().unwrap();
+    assert_eq!(
+        (r.stage, r.target_version.clone()),
+        (0, v3.current.version.clone())
+    );
+    assert_eq!(r.previous_version.as_deref(), Some(v1.as_str()));
+    let g = given(&f, &e);
+    assert_eq!(count(&g, &v3.current.version), 1, "{g:?}");
+    assert_eq!(count(&g, &v2.current.version), 0, "{g:?}");
+}
