@@ -3,12 +3,12 @@
 //! judge a version's failure ratio from.
 
 use prost::Message as _;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use weft_proto::type_url;
 use weft_proto::weft::plugin::v1::PluginCounts;
 
 /// A node's latest counts of one plugin.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CountsRecord {
     /// sha256 of the code serving when counted.

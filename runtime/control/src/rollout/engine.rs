@@ -132,14 +132,8 @@ fn observe(name: &str, r: &mut Rollout, fleet: &Fleet, shadow_version: Option<&s
             f.nacked.insert(node.clone(), n.reason.clone());
         }
         for rb in &v.rollbacks {
-            if rb.plugin == name && sha_ok(&rb.rolled_back_sha256) {
-                f.rolled_back.insert(
-                    node.clone(),
-                    format!(
-                        "{} of {} calls failed ({} traps, {} timeouts) in {:.1}s",
-                        rb.failures, rb.calls, rb.traps, rb.timeouts, rb.after_seconds
-                    ),
-                );
+            if rb.plugin == name && sha_ok(&rb.sha256) {
+                f.rolled_back.insert(node.clone(), rb.summary.clone());
             }
         }
         if let Some(c) = v.counts.get(name)
@@ -526,6 +520,71 @@ fn step_inner(
     Step {
         deadline,
         ..Step::default()
+    }
+}
+
+/// What each node gets of plugin `name` as `record` says, without stepping it (a replica that serves what its
+/// leader decided): the stable version while no rollout of this version is recorded, the stage's nodes and phase
+/// while one progresses, every node back on the stable version once it aborted. `base` is the stable version's
+/// resource as this replica serves it. (For the WeftPlugin controller's replicas, which will serve what the leader
+/// records in the resources' status; not wired yet.)
+pub fn serve(
+    name: &str,
+    entry: &mut PluginEntry,
+    record: &Record,
+    base: Option<Arc<Resource>>,
+) -> Step {
+    if entry.plan.is_none() {
+        return Step::default();
+    }
+    let target = entry.current.clone();
+    let stable = record.stable.as_ref();
+    let unrestricted = |entry: &mut PluginEntry| {
+        entry.nodes = None;
+        entry.base = None;
+        entry.base_info = None;
+        entry.shadowing = None;
+    };
+    if stable.is_some_and(|s| s.version == target.version) {
+        unrestricted(entry);
+        return Step::default();
+    }
+    entry.base = base.clone();
+    entry.base_info = stable.map(|s| s.info.clone());
+    entry.shadowing = None;
+    entry.nodes = Some(NodeSelector(Vec::new()));
+    let Some(r) = record
+        .rollout
+        .as_ref()
+        .filter(|r| r.target_version == target.version)
+    else {
+        // Not started yet: everyone keeps the stable version.
+        return Step::default();
+    };
+    match r.state {
+        Progress::Aborted => Step {
+            withdraw: base.is_none(),
+            ..Step::default()
+        },
+        Progress::Complete => {
+            unrestricted(entry);
+            Step::default()
+        }
+        Progress::Progressing => {
+            let shadow = match (r.phase, &base) {
+                (Phase::Shadow, Some(b)) => shadowing(name, b, &target),
+                _ => None,
+            };
+            let from = r.stage_from.min(r.nodes.len());
+            match shadow {
+                Some(s) => {
+                    entry.nodes = Some(NodeSelector(r.nodes[..from].to_vec()));
+                    entry.shadowing = Some((NodeSelector(r.nodes[from..].to_vec()), s));
+                }
+                None => entry.nodes = Some(NodeSelector(r.nodes.clone())),
+            }
+            Step::default()
+        }
     }
 }
 

@@ -5,8 +5,9 @@
 use std::collections::BTreeMap;
 
 use crate::ads::counts::CountsRecord;
-use crate::ads::registry::{Nacked, NodeRecord, RollbackRecord};
+use crate::ads::registry::{Nacked, NodeRecord};
 use crate::ads::shadow::ShadowRecord;
+use crate::kube::report::NodeReport;
 use weft_proto::type_url;
 
 /// One node.
@@ -19,11 +20,22 @@ pub struct NodeView {
     /// Plugin → what it refused last.
     pub nacked: BTreeMap<String, Nacked>,
     /// Rollbacks it reported.
-    pub rollbacks: Vec<RollbackRecord>,
+    pub rollbacks: Vec<RolledBack>,
     /// Plugin → its latest shadow report.
     pub shadows: BTreeMap<String, ShadowRecord>,
     /// Plugin → its latest counts.
     pub counts: BTreeMap<String, CountsRecord>,
+}
+
+/// A rollback a node reported.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RolledBack {
+    /// The plugin.
+    pub plugin: String,
+    /// The code rolled back.
+    pub sha256: String,
+    /// Its figures, for people.
+    pub summary: String,
 }
 
 /// Every node with a plugin stream, by node name.
@@ -45,10 +57,59 @@ impl Fleet {
             v.zone = zones.get(&r.name).cloned().unwrap_or_default();
             v.acked.extend(t.acked.clone());
             v.nacked.extend(t.nacked.clone());
-            v.rollbacks.extend(r.rollbacks.iter().cloned());
+            v.rollbacks.extend(r.rollbacks.iter().map(|rb| RolledBack {
+                plugin: rb.plugin.clone(),
+                sha256: rb.rolled_back_sha256.clone(),
+                summary: format!(
+                    "{} of {} calls failed ({} traps, {} timeouts) in {:.1}s",
+                    rb.failures, rb.calls, rb.traps, rb.timeouts, rb.after_seconds
+                ),
+            }));
             v.shadows.extend(r.shadows.clone());
             v.counts.extend(r.counts.clone());
         }
+        Self { nodes }
+    }
+
+    /// The fleet as the replicas' reports give it: every replica's nodes, what the WeftPlugin controller's leader
+    /// will step rollouts over (not wired yet: with `--plugins-from-kube` stages are refused).
+    pub fn of_reports(reports: &BTreeMap<String, NodeReport>) -> Self {
+        let nodes = reports
+            .iter()
+            .map(|(name, r)| {
+                let v = NodeView {
+                    zone: String::new(),
+                    acked: r.plugins.clone(),
+                    nacked: r
+                        .nacked
+                        .iter()
+                        .map(|(p, (version, reason))| {
+                            (
+                                p.clone(),
+                                Nacked {
+                                    version: version.clone(),
+                                    reason: reason.clone(),
+                                    at: String::new(),
+                                },
+                            )
+                        })
+                        .collect(),
+                    rollbacks: r
+                        .rollbacks
+                        .iter()
+                        .map(|rb| RolledBack {
+                            plugin: rb.plugin.clone(),
+                            sha256: rb.sha256.clone(),
+                            summary: rb.reason.clone(),
+                        })
+                        .collect(),
+                    shadows: r.shadows.clone(),
+                    // Not in the reports: a report is rewritten when it changes, and counts change all the time.
+                    counts: BTreeMap::new(),
+                };
+                (name.clone(), v)
+            })
+            .collect();
         Self { nodes }
     }
 
@@ -95,6 +156,33 @@ mod tests {
             })),
         };
         (uid.into(), Arc::new(Resource::address(uid.into(), &a)))
+    }
+
+    #[test]
+    fn the_replicas_reports_make_the_same_fleet() {
+        use crate::kube::report::{NodeReport, RollbackSeen};
+        let report = NodeReport {
+            plugins: [("ns.p".to_owned(), "v2".to_owned())].into(),
+            nacked: [("ns.q".to_owned(), ("v9".to_owned(), "bad".to_owned()))].into(),
+            rollbacks: vec![RollbackSeen {
+                plugin: "ns.p".into(),
+                sha256: "ab".into(),
+                reason: "4 of 4 calls failed".into(),
+                at: String::new(),
+            }],
+            ..NodeReport::default()
+        };
+        let f = Fleet::of_reports(&[("node-a".to_owned(), report)].into());
+        let v = &f.nodes["node-a"];
+        assert_eq!(v.acked["ns.p"], "v2");
+        assert_eq!(
+            (
+                v.nacked["ns.q"].version.as_str(),
+                v.nacked["ns.q"].reason.as_str()
+            ),
+            ("v9", "bad")
+        );
+        assert_eq!(v.rollbacks[0].summary, "4 of 4 calls failed");
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use super::*;
 use crate::ads::counts::CountsRecord;
-use crate::ads::registry::{Nacked, RollbackRecord};
+use crate::ads::registry::Nacked;
 use crate::ads::resources::{Desired, NodeKey, Snapshot};
 use crate::ads::shadow::{Decisions, Sample, ShadowRecord};
 use crate::rollout::fleet::NodeView;
@@ -298,17 +298,10 @@ fn a_rollback_or_a_failure_ratio_aborts() {
         .get_mut(&nodes[1])
         .unwrap()
         .rollbacks
-        .push(RollbackRecord {
+        .push(crate::rollout::fleet::RolledBack {
             plugin: "p".into(),
-            rolled_back_sha256: sha('2'),
-            restored_sha256: sha('1'),
-            calls: 20,
-            failures: 20,
-            traps: 20,
-            timeouts: 0,
-            after_seconds: 1.5,
-            max_failure_ratio: 0.2,
-            at: String::new(),
+            sha256: sha('2'),
+            summary: "20 of 20 calls failed (20 traps, 0 timeouts) in 1.5s".into(),
         });
     run(&v2, &mut rec, &f, t(2));
     let r = rec.rollout.as_ref().unwrap();
@@ -512,4 +505,39 @@ fn an_edit_mid_rollout_starts_over_from_the_stable_version_on_the_plugin_s_nodes
     let g = given(&f, &e);
     assert_eq!(count(&g, &v3.current.version), 1, "{g:?}");
     assert_eq!(count(&g, &v2.current.version), 0, "{g:?}");
+}
+
+#[test]
+fn a_replica_serving_from_the_record_gives_every_node_what_the_stepping_one_does() {
+    let mut f = fleet(4);
+    let (mut rec, _) = rolled_out_v1(&f);
+    let v2 = entry(
+        '2',
+        serde_json::json!({"stages": [{"nodes": 1, "bake": "10s", "shadowFirst": true}, {"percent": 50, "bake": "10s"}, {"percent": 100, "bake": "1s"}]}),
+    );
+    let base = || rec_base(&rec);
+    let mirror = |rec: &Record| {
+        let mut e = v2.clone();
+        serve(
+            "p",
+            &mut e,
+            rec,
+            rec.stable.as_ref().and_then(|s| s.resource("p")),
+        );
+        e
+    };
+    // Not started: the stable version everywhere.
+    let before = mirror(&rec);
+    assert!(given(&f, &before).iter().all(|v| *v == base()));
+    for at in 1..60 {
+        let (stepped, _) = run(&v2, &mut rec, &f, t(at));
+        let mirrored = mirror(&rec);
+        assert_eq!(given(&f, &stepped), given(&f, &mirrored), "at {at}s");
+        ack_all(&mut f, &stepped);
+    }
+    assert_eq!(rec.rollout.as_ref().unwrap().state, Progress::Complete);
+}
+
+fn rec_base(rec: &Record) -> String {
+    rec.stable.as_ref().unwrap().version.clone()
 }
