@@ -340,6 +340,10 @@ GOOD = {
     "rollout thresholds": {"url": "r.example/a:1", "rollout": {"window": "1m30s", "maxFailureRatio": 0, "minCalls": 1}},
     "rollout ratio of one": {"url": "r.example/a:1", "rollout": {"window": "500ms", "maxFailureRatio": 1}},
     "rollout staged only": {"url": "r.example/a:1", "rollout": {"nodes": ["node-a", "node-b"]}},
+    "rollout in stages": {"url": "r.example/a:1", "rollout": {
+        "stages": [{"nodes": 1, "bake": "2m", "shadowFirst": True}, {"percent": 50, "bake": "0s"}],
+        "abortWhen": {"nacks": 0, "rollbacks": 1, "failureRatio": 0.01, "divergenceRatio": 0.001, "minCalls": 20},
+    }},
     "rollout disabled": {"url": "r.example/a:1", "rollout": {"disabled": True}},
     "rollout disabled with a window": {"url": "r.example/a:1", "rollout": {"disabled": True, "window": "10s"}},
     "rollout not disabled, window only": {"url": "r.example/a:1", "rollout": {"disabled": False, "window": "2h"}},
@@ -411,6 +415,20 @@ BAD = {
     "rollout nodes empty": ({**OCI, "rollout": {"nodes": []}}, "nodes"),
     "rollout nodes twice the same": ({**OCI, "rollout": {"nodes": ["a", "a"]}}, "duplicate entries"),
     "rollout unknown field": ({**OCI, "rollout": {"windw": "1m"}}, "'windw' was unexpected"),
+    "stage with nodes and percent": (
+        {**OCI, "rollout": {"stages": [{"nodes": 1, "percent": 5, "bake": "1m"}]}}, "exactly one of nodes and percent",
+    ),
+    "stage with neither": ({**OCI, "rollout": {"stages": [{"bake": "1m"}]}}, "exactly one of nodes and percent"),
+    "stage without bake": ({**OCI, "rollout": {"stages": [{"nodes": 1}]}}, "bake"),
+    "stage percent over 100": ({**OCI, "rollout": {"stages": [{"percent": 101, "bake": "1m"}]}}, "percent"),
+    "stages empty": ({**OCI, "rollout": {"stages": []}}, "stages"),
+    "stages and nodes": (
+        {**OCI, "rollout": {"nodes": ["a"], "stages": [{"nodes": 1, "bake": "1m"}]}}, "either nodes",
+    ),
+    "abortWhen without stages": ({**OCI, "rollout": {"abortWhen": {"nacks": 1}}}, "abortWhen goes with stages"),
+    "abort ratio over one": (
+        {**OCI, "rollout": {"stages": [{"nodes": 1, "bake": "1m"}], "abortWhen": {"failureRatio": 2}}}, "failureRatio",
+    ),
     # CEL rules
     "https without sha256": ({"url": "https://plugins.example.com/a.wasm"}, "sha256 is required for https://"),
     "window missing with thresholds": ({**OCI, "rollout": {"minCalls": 5}}, "window is required"),

@@ -407,6 +407,99 @@ async fn weftplugins_by_namespace_from_two_replicas_to_three_nodes() {
     })
     .await;
 
+    // A staged edit of blog/allow (on all three nodes): one node, then all. The leader (replica 1, nodes a and b)
+    // steps over both replicas' reports and records the rollout in the status; replica 2 serves node c as it says.
+    let mut staged = plugin("blog", "allow", &url, &sha, &[9090, 9092], None);
+    staged["spec"]["rollout"] = json!({
+        "stages": [{"nodes": 1, "bake": "1s"}, {"percent": 100, "bake": "1s"}],
+        "abortWhen": {"nacks": 0},
+    });
+    api.apply(staged).unwrap();
+    let staged_generation = generation(&api, "blog", "allow");
+    let s = until_status(&api, "blog", "allow", "the staged edit complete", |s| {
+        s["rolloutState"]["rollout"]["state"] == "complete" && ready_on(s, 3, staged_generation)
+    })
+    .await;
+    let events: Vec<&str> = s["rolloutState"]["rollout"]["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("1 of 3 node(s) serves the version")),
+        "{events:#?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("3 of 3 node(s) serves the version")),
+        "{events:#?}"
+    );
+    assert_eq!(
+        s["rolloutState"]["stable"]["version"], s["rolloutState"]["rollout"]["targetVersion"],
+        "{s}"
+    );
+    // The pull secret the nodes get is not in the status: the recorded stable resource (hex) carries none.
+    let stable_hex = s["rolloutState"]["stable"]["valueHex"].as_str().unwrap();
+    let stable: Vec<u8> = (0..stable_hex.len() / 2)
+        .map(|i| u8::from_str_radix(&stable_hex[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
+    let stable = String::from_utf8_lossy(&stable);
+    assert!(stable.contains("oci://"), "{stable}");
+    assert!(
+        !stable.contains("s3cret") && !stable.contains("auths"),
+        "{stable}"
+    );
+
+    // A staged version the nodes refuse (a configuration port-allowlist cannot read): the first stage's node NACKs
+    // it, the rollout aborts there, and every node keeps the stable version; putting the spec back ends it.
+    let mut bad = plugin("blog", "allow", &url, &sha, &[9090, 9092], None);
+    bad["spec"]["pluginConfig"] = json!({"ports": "not a list"});
+    bad["spec"]["rollout"] =
+        json!({"stages": [{"nodes": 1, "bake": "1s"}, {"percent": 100, "bake": "1s"}]});
+    api.apply(bad).unwrap();
+    let s = until_status(&api, "blog", "allow", "the refused version aborted", |s| {
+        s["rolloutState"]["rollout"]["state"] == "aborted"
+    })
+    .await;
+    let abort = &s["rolloutState"]["rollout"]["abort"];
+    assert_eq!(abort["stage"], 1, "{s}");
+    assert_eq!(abort["nodes"].as_array().map(Vec::len), Some(1), "{s}");
+    assert!(
+        abort["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("1 node(s) refused the version")),
+        "{s}"
+    );
+    let stable_version = s["rolloutState"]["stable"]["version"].clone();
+    for r in [r1_status, r2_status] {
+        eventually(WAIT, "every node back on the stable version", || async {
+            let doc = control_status(r).await;
+            doc["nodes"]
+                .as_array()?
+                .iter()
+                .filter(|n| n["plugins"]["blog.allow"].is_object())
+                .all(|n| n["plugins"]["blog.allow"]["version"] == stable_version)
+                .then_some(())
+        })
+        .await;
+    }
+    let mut back = plugin("blog", "allow", &url, &sha, &[9090, 9092], None);
+    back["spec"]["rollout"] = json!({"stages": [{"nodes": 1, "bake": "1s"}]});
+    api.apply(back).unwrap();
+    let reverted = generation(&api, "blog", "allow");
+    until_status(
+        &api,
+        "blog",
+        "allow",
+        "Ready again on the stable version",
+        |s| ready_on(s, 3, reverted),
+    )
+    .await;
+
     // Kill the leader, which serves nodes a and b: they move to replica 2 and keep what they run, untouched.
     let mut kept = Vec::new();
     for n in [&a, &b] {
@@ -456,11 +549,11 @@ async fn weftplugins_by_namespace_from_two_replicas_to_three_nodes() {
         &api,
         "blog",
         "allow",
-        "Ready at generation 2 after the failover",
-        |s| ready_on(s, 3, 2),
+        "Ready at the next generation after the failover",
+        |s| ready_on(s, 3, reverted + 1),
     )
     .await;
-    assert_eq!(generation(&api, "blog", "allow"), 2, "{s}");
+    assert_eq!(generation(&api, "blog", "allow"), reverted + 1, "{s}");
     let r2_log = std::fs::read_to_string(d.join("weft-control-2.log")).unwrap();
     assert!(
         r2_log.contains("leading: this replica writes WeftPlugin status"),

@@ -103,6 +103,11 @@ impl Publisher {
         lock(&self.rollouts).clone()
     }
 
+    /// The plugins as the source last gave them (before the staged rollouts set who gets what).
+    pub fn source_plugins(&self) -> BTreeMap<String, PluginEntry> {
+        lock(&self.inner).source_plugins.clone().unwrap_or_default()
+    }
+
     /// The current snapshot.
     pub fn current(&self) -> Arc<Snapshot> {
         self.tx.borrow().clone()

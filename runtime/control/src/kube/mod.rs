@@ -97,14 +97,17 @@ pub async fn start(
     let stores = Arc::new(watch::Stores::default());
     let mut tasks = watch::spawn(client.clone(), stores.clone(), stop.clone());
     let state = Arc::new(reconcile::Resources::default());
+    let rollouts = Arc::new(crate::rollout::driver::Rollouts::mirror(registry.clone()));
+    publisher.set_rollouts(rollouts.clone());
     let (synced_tx, mut synced) = tokio::sync::watch::channel(false);
     tasks.push(tokio::spawn(reconcile::run(
         reconcile::Context {
             client: client.clone(),
             opts: opts.clone(),
             stores,
-            publisher,
+            publisher: publisher.clone(),
             resources: state.clone(),
+            rollouts: rollouts.clone(),
         },
         synced_tx,
         stop.clone(),
@@ -126,6 +129,10 @@ pub async fn start(
         client,
         opts.clone(),
         state.clone(),
+        status::Rollouts {
+            rollouts,
+            publisher,
+        },
         leader.clone(),
         stop.clone(),
     )));

@@ -107,6 +107,8 @@ pub struct Context {
     pub publisher: Arc<Publisher>,
     /// The resources' states.
     pub resources: Arc<Resources>,
+    /// The staged rollouts, served as the resources' status records them.
+    pub rollouts: Arc<crate::rollout::driver::Rollouts>,
 }
 
 impl std::fmt::Debug for Context {
@@ -132,6 +134,7 @@ pub async fn run(ctx: Context, synced: tokio::sync::watch::Sender<bool>, stop: C
                 .refresh(&ctx.client, needed_secrets(&plugins, &last_good))
                 .await;
             let (set, states) = reconcile(&ctx.opts, &plugins, &pods, &secrets, &mut last_good);
+            ctx.rollouts.adopt(recorded_rollouts(&states));
             ctx.publisher.publish_plugins(set);
             describe(&ctx.publisher, &states);
             ctx.resources.replace(states);
@@ -153,6 +156,31 @@ pub async fn run(ctx: Context, synced: tokio::sync::watch::Sender<bool>, stop: C
         changes.borrow_and_update();
     }
 }
+
+/// The rollout state the leader recorded in each resource's status (`status.rolloutState`), by xDS name; a record
+/// that does not parse is left out (logged), as if none was recorded.
+pub fn recorded_rollouts(
+    states: &BTreeMap<(String, String), ResourceState>,
+) -> BTreeMap<String, crate::rollout::state::Record> {
+    let mut out = BTreeMap::new();
+    for ((ns, name), s) in states {
+        let Some(v) = s.status.as_ref().and_then(|st| st.get(ROLLOUT_STATE)) else {
+            continue;
+        };
+        match serde_json::from_value::<crate::rollout::state::Record>(v.clone()) {
+            Ok(r) => {
+                out.insert(s.xds_name.clone(), r);
+            }
+            Err(e) => {
+                tracing::warn!(namespace = %ns, name = %name, error = %e, "status.rolloutState does not parse; ignored")
+            }
+        }
+    }
+    out
+}
+
+/// Where the leader records a resource's rollout state in its status.
+pub const ROLLOUT_STATE: &str = "rolloutState";
 
 /// How soon a pull Secret that could not be read is read again.
 const RETRY_FAILED: Duration = Duration::from_secs(5);

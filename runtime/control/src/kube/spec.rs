@@ -82,19 +82,6 @@ pub fn extract(spec: Option<&Value>) -> Result<Extracted, String> {
         Some(Value::Object(shadow)) => code_url(shadow, "spec.shadow")?,
         Some(_) => return Err("spec.shadow: expected a map".into()),
     }
-    if out
-        .get("rollout")
-        .and_then(|r| r.get("stages"))
-        .is_some_and(|s| !s.is_null())
-    {
-        // The replicas each see only their own nodes, and a rollout's state is not yet kept in the resource:
-        // refused rather than served everywhere at once.
-        return Err(
-            "spec.rollout.stages: staged rollout is run by weft-control with --plugins (a plugin directory); \
-             with --plugins-from-kube it is not supported yet"
-                .into(),
-        );
-    }
     if let Some(p) = out.get("priority") {
         let p = p
             .as_i64()

@@ -254,11 +254,47 @@ fn differs(old: Option<&Value>, new: &Value) -> bool {
 #[cfg(test)]
 mod tests;
 
-/// While leading, keep every resource's status current.
+/// The staged rollouts the leader steps, and the plugins it steps them for.
+#[derive(Debug)]
+pub struct Rollouts {
+    /// The rollouts (mirroring what the status says).
+    pub rollouts: Arc<crate::rollout::driver::Rollouts>,
+    /// Where the source's plugins are, and where a stepped state is served from.
+    pub publisher: Arc<crate::ads::publish::Publisher>,
+}
+
+impl Rollouts {
+    /// Step every plugin over every replica's nodes; serve the result here at once (the other replicas when the
+    /// status comes back to them); return each record as the status keeps it (no pull secret).
+    fn lead(&self, nodes: &BTreeMap<String, NodeReport>) -> BTreeMap<String, Value> {
+        let fleet = crate::rollout::fleet::Fleet::of_reports(nodes);
+        let plugins = self.publisher.source_plugins();
+        let records = self
+            .rollouts
+            .lead(&plugins, &fleet, std::time::SystemTime::now());
+        self.rollouts.adopt(records.clone());
+        self.publisher.reapply();
+        records
+            .into_iter()
+            .map(|(name, mut r)| {
+                if let Some(s) = r.stable.as_mut()
+                    && let Some(res) = s.resource(&name)
+                {
+                    let stripped = crate::rollout::secret::strip(&res);
+                    s.value_hex = hex::encode(&stripped.body.value);
+                }
+                (name, serde_json::to_value(&r).unwrap_or_default())
+            })
+            .collect()
+    }
+}
+
+/// While leading, keep every resource's status current, and step the staged rollouts (recorded in the status).
 pub async fn run(
     client: Client,
     opts: KubeOptions,
     resources: Arc<Resources>,
+    rollouts: Rollouts,
     mut leader: tokio::sync::watch::Receiver<bool>,
     stop: CancellationToken,
 ) {
@@ -271,10 +307,14 @@ pub async fn run(
                 Ok(nodes) => {
                     let now =
                         humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+                    let records = rollouts.lead(&nodes);
                     let all = resources.all();
                     written.retain(|k, _| all.contains_key(k));
                     for ((ns, name), s) in all {
-                        let want = desired(&s, &nodes, &now);
+                        let mut want = desired(&s, &nodes, &now);
+                        if let Some(r) = records.get(&s.xds_name) {
+                            want[crate::kube::reconcile::ROLLOUT_STATE] = r.clone();
+                        }
                         let key = (ns.clone(), name.clone());
                         let current = written.get(&key).or(s.status.as_ref());
                         if !differs(current, &want) {
@@ -303,6 +343,7 @@ pub async fn run(
             }
         } else {
             written.clear();
+            rollouts.rollouts.resign();
         }
         tokio::select! {
             () = tokio::time::sleep(opts.retry_period) => {}

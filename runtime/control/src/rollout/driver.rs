@@ -2,6 +2,10 @@
 //! the source, or the same set again when the fleet changed or a bake ended), which steps each plugin, keeps the
 //! records and persists them when they change; [`Rollouts::spawn`] re-applies on every registry event (coalesced)
 //! and at the earliest bake end.
+//!
+//! With the WeftPlugin controller the replicas do not step: the leader steps over every replica's nodes
+//! ([`Rollouts::lead`], from the status loop), records the result in each resource's status, and every replica,
+//! the leader included, serves what the recorded state says ([`Rollouts::adopt`], [`Rollouts::mirror`]).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -43,6 +47,10 @@ pub struct Rollouts {
     store: Option<FileStore>,
     registry: Arc<Registry>,
     wake: tokio::sync::Notify,
+    /// Serve what [`Rollouts::adopt`] was given instead of stepping (the WeftPlugin controller's replicas).
+    mirror: bool,
+    /// The leader's own records (seeded from the adopted ones when it starts leading).
+    led: Mutex<BTreeMap<String, Record>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -84,7 +92,53 @@ impl Rollouts {
             store,
             registry,
             wake: tokio::sync::Notify::new(),
+            mirror: false,
+            led: Mutex::new(BTreeMap::new()),
         })
+    }
+
+    /// Rollouts that serve the recorded state they are given ([`Rollouts::adopt`]) and step only when leading
+    /// ([`Rollouts::lead`]): the WeftPlugin controller's.
+    pub fn mirror(registry: Arc<Registry>) -> Self {
+        Self {
+            inner: Mutex::new(Inner::default()),
+            store: None,
+            registry,
+            wake: tokio::sync::Notify::new(),
+            mirror: true,
+            led: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Serve these records from now on (what the resources' status says), by plugin.
+    pub fn adopt(&self, records: BTreeMap<String, Record>) {
+        lock(&self.inner).records = records;
+    }
+
+    /// As the leader: step every plugin of `plugins` (as the source gives them) over `fleet` at `now`, on the
+    /// leader's own records (a plugin it has none of starts from the adopted one), and return them all.
+    pub fn lead(
+        &self,
+        plugins: &BTreeMap<String, PluginEntry>,
+        fleet: &Fleet,
+        now: SystemTime,
+    ) -> BTreeMap<String, Record> {
+        let adopted = lock(&self.inner).records.clone();
+        let mut led = lock(&self.led);
+        led.retain(|name, _| plugins.contains_key(name));
+        for (name, entry) in plugins {
+            let rec = led
+                .entry(name.clone())
+                .or_insert_with(|| adopted.get(name).cloned().unwrap_or_default());
+            let mut e = entry.clone();
+            step(name, &mut e, rec, fleet, now);
+        }
+        led.clone()
+    }
+
+    /// No longer leading: forget the leader's records (a later term starts from what the status says).
+    pub fn resign(&self) {
+        lock(&self.led).clear();
     }
 
     /// Every record, for the status page.
@@ -108,6 +162,10 @@ impl Rollouts {
         mesh: (u64, &TypeSet),
         now: SystemTime,
     ) {
+        if self.mirror {
+            self.serve(plugins);
+            return;
+        }
         let mut g = lock(&self.inner);
         let staged = plugins.values().any(|e| e.plan.is_some());
         let fleet = if staged {
@@ -166,6 +224,29 @@ impl Rollouts {
         }
         drop(g);
         self.wake.notify_one();
+    }
+
+    /// Give each node what the adopted records say (the stable version's pull secret taken from the resource as
+    /// it is served now); withdrawn plugins are removed.
+    fn serve(&self, plugins: &mut BTreeMap<String, PluginEntry>) {
+        let g = lock(&self.inner);
+        let empty = Record::default();
+        let mut withdraw = Vec::new();
+        for (name, entry) in plugins.iter_mut() {
+            let rec = g.records.get(name).unwrap_or(&empty);
+            let base = rec
+                .stable
+                .as_ref()
+                .and_then(|s| s.resource(name))
+                .map(|b| crate::rollout::secret::restore(b, &entry.current));
+            if crate::rollout::engine::serve(name, entry, rec, base).withdraw {
+                withdraw.push(name.clone());
+            }
+        }
+        drop(g);
+        for name in withdraw {
+            plugins.remove(&name);
+        }
     }
 
     fn active(&self) -> bool {

@@ -9,5 +9,6 @@ pub mod driver;
 pub mod engine;
 pub mod fleet;
 pub mod plan;
+pub mod secret;
 pub mod state;
 pub mod store;

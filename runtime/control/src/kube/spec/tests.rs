@@ -239,15 +239,18 @@ fn refusals_name_the_field() {
 }
 
 #[test]
-fn stages_are_refused_with_why_rather_than_served_everywhere_at_once() {
-    let e = extract(Some(&json!({
-        "url": "registry.example/p:v1",
-        "rollout": {"stages": [{"nodes": 1, "bake": "1m"}]},
-    })))
-    .err()
+fn stages_become_the_plan_of_the_entry() {
+    let (e, _) = build(
+        "shop",
+        json!({
+            "url": "registry.example/p:v1",
+            "rollout": {"stages": [{"nodes": 1, "bake": "1m", "shadowFirst": true}, {"percent": 100, "bake": "1m"}],
+                        "abortWhen": {"divergenceRatio": 0.01}},
+        }),
+        None,
+    )
     .unwrap();
-    assert!(
-        e.contains("spec.rollout.stages: staged rollout is run by weft-control with --plugins"),
-        "{e}"
-    );
+    let plan = e.plan.unwrap();
+    assert_eq!(plan.stages.len(), 2);
+    assert_eq!(plan.abort_when.divergence_ratio, Some(0.01));
 }
