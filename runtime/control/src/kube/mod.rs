@@ -12,9 +12,11 @@
 //! - [`leader`] elects one replica by a `coordination.k8s.io` Lease; [`report`] has every replica publish what its
 //!   nodes run (a ConfigMap per replica, as istiod's distribution reports); [`status`] is the leader's: it
 //!   aggregates the reports into each resource's status (conditions `Accepted` and `Ready`, node counts, the
-//!   sha256 served, the last rollback).
+//!   sha256 served, the last rollback) and steps the staged rollouts over every replica's nodes, recording each in
+//!   the resource's `status.rolloutState`, which every replica serves.
 //!
-//! Replicas share no state but the API's: each serves its own nodes from its own watch, and resource versions are
+//! Replicas share no state but the API's (the rollout state included): each serves its own nodes from its own
+//! watch, and resource versions are
 //! content digests, so a node that reconnects to another replica resumes with `initial_resource_versions` and is
 //! sent nothing new.
 

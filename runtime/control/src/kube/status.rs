@@ -1,7 +1,8 @@
 //! The leader's job: each WeftPlugin's status from what the controller concluded ([`ResourceState`]) and what every
 //! replica's nodes run ([`report`](crate::kube::report)): conditions `Accepted` (False with the reason when
 //! refused) and `Ready` (the served version ACKed by every selected node), node counts (selected, serving,
-//! NACKing, rolled back), the sha256 served, the last rollback, and a phase for the printer column. Written with a
+//! NACKing, rolled back), the sha256 served, the last rollback, a phase for the printer column, and the staged
+//! rollouts it steps over every replica's nodes (`rolloutState`). Written with a
 //! merge patch on the `status` subresource, only when it changed (a condition's `lastTransitionTime` moves only
 //! when its status does).
 

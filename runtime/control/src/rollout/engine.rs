@@ -526,8 +526,8 @@ fn step_inner(
 /// What each node gets of plugin `name` as `record` says, without stepping it (a replica that serves what its
 /// leader decided): the stable version while no rollout of this version is recorded, the stage's nodes and phase
 /// while one progresses, every node back on the stable version once it aborted. `base` is the stable version's
-/// resource as this replica serves it. (For the WeftPlugin controller's replicas, which will serve what the leader
-/// records in the resources' status; not wired yet.)
+/// resource as this replica serves it. (The WeftPlugin controller's replicas serve what the leader records in the
+/// resources' status this way.)
 pub fn serve(
     name: &str,
     entry: &mut PluginEntry,

@@ -72,7 +72,7 @@ impl Fleet {
     }
 
     /// The fleet as the replicas' reports give it: every replica's nodes, what the WeftPlugin controller's leader
-    /// will step rollouts over (not wired yet: with `--plugins-from-kube` stages are refused).
+    /// steps rollouts over.
     pub fn of_reports(reports: &BTreeMap<String, NodeReport>) -> Self {
         let nodes = reports
             .iter()
