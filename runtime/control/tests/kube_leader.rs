@@ -594,6 +594,9 @@ async fn reports_merge_newest_first_and_skip_stale_and_unreadable_ones() {
         client::build(&one).unwrap(),
         one.clone(),
         reg1.clone(),
+        Arc::new(weft_control::rollout::driver::Rollouts::mirror(
+            reg1.clone(),
+        )),
         stop1.clone(),
     ));
     let first = eventually("replica-1's report", || {
@@ -616,6 +619,9 @@ async fn reports_merge_newest_first_and_skip_stale_and_unreadable_ones() {
         client::build(&two).unwrap(),
         two.clone(),
         reg2.clone(),
+        Arc::new(weft_control::rollout::driver::Rollouts::mirror(
+            reg2.clone(),
+        )),
         stop2.clone(),
     ));
     let second = eventually("replica-2's report", || {
@@ -722,4 +728,41 @@ async fn reports_merge_newest_first_and_skip_stale_and_unreadable_ones() {
         .unwrap()
         .unwrap();
     assert!(report_of(&server, "replica-1").is_none(), "report deleted");
+}
+
+#[test]
+fn a_report_carries_the_call_counts_of_the_plugins_in_a_rollout_only() {
+    use weft_proto::weft::plugin::v1::PluginCounts;
+    let registry = Registry::new(Arc::new(Metrics::new()));
+    let stream = node(&registry, "node-1", "v1");
+    let counts = |plugin: &str, calls: u64| {
+        weft_proto::to_any(
+            weft_proto::type_url::PLUGIN_COUNTS,
+            &PluginCounts {
+                plugin: plugin.into(),
+                sha256: "ab".into(),
+                calls,
+                failures: 1,
+            },
+        )
+    };
+    registry.report(
+        stream,
+        weft_proto::type_url::EXTENSION_CONFIG,
+        &weft_proto::google::rpc::Status {
+            code: 0,
+            message: "plugin counts".into(),
+            details: vec![counts(PLUGIN, 10), counts("other/plugin", 20)],
+        },
+    );
+    let counted = [PLUGIN.to_owned()].into();
+    let r = report::of_registry("replica-1", &registry, &counted);
+    let c = &r.nodes["node-1"].counts;
+    assert_eq!(c.len(), 1, "{c:?}");
+    assert_eq!((c[PLUGIN].calls, c[PLUGIN].failures), (10, 1));
+    assert!(
+        report::of_registry("replica-1", &registry, &Default::default()).nodes["node-1"]
+            .counts
+            .is_empty()
+    );
 }

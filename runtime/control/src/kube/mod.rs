@@ -125,6 +125,7 @@ pub async fn start(
         client.clone(),
         opts.clone(),
         registry,
+        rollouts.clone(),
         stop.clone(),
     )));
     tasks.push(tokio::spawn(status::run(

@@ -40,6 +40,10 @@ pub struct NodeReport {
     /// Its latest shadow report of each plugin, by xDS name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub shadows: BTreeMap<String, crate::ads::shadow::ShadowRecord>,
+    /// Its latest call counts of the plugins in a staged rollout (only those: counts change all the time, and a
+    /// report is rewritten when it changes), by xDS name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub counts: BTreeMap<String, crate::ads::counts::CountsRecord>,
 }
 
 /// A rollback a node reported.
@@ -68,9 +72,13 @@ pub struct Report {
     pub nodes: BTreeMap<String, NodeReport>,
 }
 
-/// What this replica's registry says. A node may hold several streams (its mesh and its plugin sources): its
-/// report is their union.
-pub fn of_registry(replica: &str, registry: &Registry) -> Report {
+/// What this replica's registry says, with the call counts of the plugins in `counted`. A node may hold several
+/// streams (its mesh and its plugin sources): its report is their union.
+pub fn of_registry(
+    replica: &str,
+    registry: &Registry,
+    counted: &std::collections::BTreeSet<String>,
+) -> Report {
     let mut nodes: BTreeMap<String, NodeReport> = BTreeMap::new();
     for n in registry.nodes() {
         let r = nodes.entry(n.name.clone()).or_default();
@@ -85,6 +93,12 @@ pub fn of_registry(replica: &str, registry: &Registry) -> Report {
         }
         r.shadows
             .extend(n.shadows.iter().map(|(k, v)| (k.clone(), v.clone())));
+        r.counts.extend(
+            n.counts
+                .iter()
+                .filter(|(k, _)| counted.contains(*k))
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
         r.rollbacks.extend(n.rollbacks.iter().map(|r| RollbackSeen {
             plugin: r.plugin.clone(),
             sha256: r.rolled_back_sha256.clone(),
@@ -145,13 +159,14 @@ pub async fn run(
     client: Client,
     opts: KubeOptions,
     registry: Arc<Registry>,
+    rollouts: Arc<crate::rollout::driver::Rollouts>,
     stop: CancellationToken,
 ) {
     let api: Api<ConfigMap> = Api::namespaced(client, &opts.namespace);
     let mut events = registry.subscribe();
     let mut written: Option<(Report, u32)> = None;
     loop {
-        let mut now = of_registry(&opts.replica, &registry);
+        let mut now = of_registry(&opts.replica, &registry, &rollouts.progressing());
         let due = match &written {
             None => true,
             Some((r, age)) => r.nodes != now.nodes || *age >= HEARTBEAT,

@@ -136,6 +136,20 @@ impl Rollouts {
         led.clone()
     }
 
+    /// The plugins whose recorded rollout is in progress.
+    pub fn progressing(&self) -> std::collections::BTreeSet<String> {
+        lock(&self.inner)
+            .records
+            .iter()
+            .filter(|(_, r)| {
+                r.rollout
+                    .as_ref()
+                    .is_some_and(|r| r.state == Progress::Progressing)
+            })
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
     /// No longer leading: forget the leader's records (a later term starts from what the status says).
     pub fn resign(&self) {
         lock(&self.led).clear();

@@ -104,8 +104,7 @@ impl Fleet {
                         })
                         .collect(),
                     shadows: r.shadows.clone(),
-                    // Not in the reports: a report is rewritten when it changes, and counts change all the time.
-                    counts: BTreeMap::new(),
+                    counts: r.counts.clone(),
                 };
                 (name.clone(), v)
             })
