@@ -75,8 +75,8 @@ pub struct HostConfig {
     /// Let connections through when Istio authorization policies apply to their destination but no serving policy
     /// plugin enforces them (`--allow-unenforced-policies`); by default they are denied (see `enforce.rs`).
     pub allow_unenforced_policies: bool,
-    /// Shadow decisions waiting for the shadow thread, at most (over every plugin); when full a decision is skipped
-    /// and counted, never waited for.
+    /// Shadow decisions of one plugin waiting for the shadow thread, at most (each plugin's shadow has its own
+    /// bound); past it a decision is skipped and counted, never waited for.
     pub shadow_queue: usize,
     /// Divergence samples kept per plugin (the oldest go first).
     pub shadow_samples: usize,

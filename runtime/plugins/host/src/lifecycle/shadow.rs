@@ -1,11 +1,13 @@
 //! Shadow versions of policy plugins: decided beside the serving version on the same connections, off the data
-//! path (a bounded queue to one thread at nice 19; a full queue skips the decision and counts it), compared with
-//! the serving verdict, counted per (plugin, direction, serving verdict, shadow verdict) and sampled where they
-//! diverge. Never enforced: a shadow that traps or times out is counted as `error` and nothing else happens.
+//! path (a queue to one thread at nice 19, bounded per plugin; a full queue skips the decision and counts it),
+//! compared with the serving verdict, counted per (plugin, direction, serving verdict, shadow verdict) and sampled
+//! where they diverge. Never enforced: a shadow that traps or times out is counted as `error` and nothing else
+//! happens.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -26,6 +28,9 @@ pub(crate) struct Shadow {
     pub version: Arc<PluginVersion>,
     /// `weft_plugin_shadow_skipped_total{plugin}`.
     skipped: Counter,
+    /// Its decisions queued and not yet decided: each plugin's shadow has its own bound, so a slow one cannot
+    /// crowd another out of the queue.
+    queued: AtomicUsize,
 }
 
 impl Shadow {
@@ -40,6 +45,7 @@ impl Shadow {
             spec,
             version,
             skipped: metrics.shadow_skipped(plugin),
+            queued: AtomicUsize::new(0),
         }
     }
 }
@@ -51,19 +57,30 @@ pub(crate) struct ShadowJob {
     serving: Verdict,
 }
 
-/// The data path's end of the shadow queue (cheap to clone).
+/// The data path's end of the shadow queue (cheap to clone): one channel to the shadow thread, and a bound per
+/// plugin on what it may have queued.
 #[derive(Clone)]
-pub(crate) struct ShadowQueue(SyncSender<ShadowJob>);
+pub(crate) struct ShadowQueue {
+    tx: Sender<ShadowJob>,
+    per_plugin: usize,
+}
 
 impl ShadowQueue {
-    /// Hands a decision to the shadow thread if there is room; never waits. A full queue skips it (counted).
+    /// Hands a decision to the shadow thread if this plugin's shadow has room; never waits. A full queue skips it
+    /// (counted).
     pub fn offer(&self, shadow: &Arc<Shadow>, conn: &ConnectionRecord, serving: &Verdict) {
+        if shadow.queued.fetch_add(1, Ordering::AcqRel) >= self.per_plugin {
+            shadow.queued.fetch_sub(1, Ordering::AcqRel);
+            shadow.skipped.inc();
+            return;
+        }
         let job = ShadowJob {
             shadow: shadow.clone(),
             conn: conn.clone(),
             serving: serving.clone(),
         };
-        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.0.try_send(job) {
+        if let Err(e) = self.tx.send(job) {
+            e.0.shadow.queued.fetch_sub(1, Ordering::AcqRel);
             shadow.skipped.inc();
         }
     }
@@ -254,6 +271,7 @@ impl ShadowBook {
             serving,
         } = job;
         let decided = shadow.version.decide(&conn);
+        shadow.queued.fetch_sub(1, Ordering::AcqRel);
         let (serving_word, serving_reason) = word(&serving);
         let (shadow_word, shadow_reason) = match &decided {
             Ok(v) => word(v),
@@ -314,10 +332,17 @@ impl ShadowBook {
     }
 }
 
-/// A bounded shadow queue of `capacity` decisions and its receiving end (for [`run`]).
-pub(crate) fn queue(capacity: usize) -> (ShadowQueue, Receiver<ShadowJob>) {
-    let (tx, rx) = std::sync::mpsc::sync_channel(capacity.max(1));
-    (ShadowQueue(tx), rx)
+/// A shadow queue of at most `per_plugin` decisions of each plugin, and its receiving end (for [`run`]). (The
+/// channel itself is unbounded: few plugins have a shadow, and each is bounded.)
+pub(crate) fn queue(per_plugin: usize) -> (ShadowQueue, Receiver<ShadowJob>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    (
+        ShadowQueue {
+            tx,
+            per_plugin: per_plugin.max(1),
+        },
+        rx,
+    )
 }
 
 /// The shadow thread's loop: decides queued jobs until every sender is gone (the host dropped).
