@@ -117,6 +117,11 @@ impl Control {
         Ok(c)
     }
 
+    /// Its process id, while it runs (for a bench reading `/proc/<pid>`).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Whether the process is still running.
     pub fn running(&mut self) -> bool {
         self.child
