@@ -68,102 +68,43 @@ use std::time::Duration;
 
 use weft_conformance::load::conn_rate;
 
+#[path = "mesh/env.rs"]
+mod env;
 #[path = "mesh/output.rs"]
 mod output;
 #[path = "mesh/pairs.rs"]
 mod pairs;
 #[path = "mesh/probes.rs"]
 mod probes;
+#[path = "mesh/rounds.rs"]
+mod rounds;
 #[path = "mesh/shadow.rs"]
 mod shadow;
 
+use env::{Sizes, idle_that_fits, part};
 use output::{memory, report};
-use pairs::{Pair, Round, Running, round, run_relay, start_pairs, wait_listening};
-use probes::servers;
+use pairs::{Running, run_relay, start_pairs};
+use probes::{CLOSE, servers};
+use rounds::{Pair, Round, round, wait_listening};
 
-const SINK: u16 = 9000;
-/// The server that sends: reads a byte count (8 bytes, big-endian), sends that many bytes, closes.
-const SOURCE: u16 = 9003;
-/// How long an idle pair's own CPU use is measured for (the memory case).
-const IDLE_CPU_WINDOW: Duration = Duration::from_secs(2);
-const RR: u16 = 9001;
-const CLOSE: u16 = 9002;
-
-/// The `weft-pol` pair's policy: a DENY on the server's namespace for a port nothing uses, so every connection to
-/// the server is in istio-authz's scope, decided by the plugin, and allowed.
-const POLICY_NEVER_MATCHING: &str = r#"policies:
-- name: deny-port-1
-  namespace: default
-  scope: Namespace
-  action: Deny
-  rules:
-  - - - destinationPorts: [1]
-"#;
-
-/// Sizes of one run.
-#[derive(Debug, Clone, Copy)]
-struct Sizes {
-    rounds: usize,
-    mib: u64,
-    window: Duration,
-    conc: usize,
-    lat_n: usize,
-    idle: usize,
-}
-
-impl Sizes {
-    /// Full sizes under `cargo bench` (which passes `--bench`) or with `BENCH_FULL=1`, a smoke run otherwise; each
-    /// overridden by its variable.
-    fn from_env() -> (Self, bool) {
-        let full = std::env::args().any(|a| a == "--bench")
-            || std::env::var("BENCH_FULL").is_ok_and(|v| v == "1");
-        let pick = |full_v: f64, smoke_v: f64| if full { full_v } else { smoke_v };
-        let num = |k: &str, d: f64| {
-            std::env::var(k)
-                .ok()
-                .and_then(|v| v.parse::<f64>().ok())
-                .filter(|v| v.is_finite() && *v >= 0.0)
-                .unwrap_or(d)
-        };
-        let sizes = Self {
-            rounds: (num("BENCH_ROUNDS", pick(5.0, 1.0)) as usize).max(1),
-            mib: (num("BENCH_MIB", pick(2048.0, 8.0)) as u64).max(1),
-            window: Duration::from_secs_f64(num("BENCH_SECS", pick(3.0, 0.3))),
-            conc: (num("BENCH_CONC", 16.0) as usize).max(1),
-            lat_n: (num("BENCH_LAT_N", pick(5000.0, 200.0)) as usize).max(10),
-            idle: num("BENCH_IDLE", pick(10_000.0, 100.0)) as usize,
-        };
-        (sizes, full)
-    }
-}
-
-/// Whether the part `what` is to run (`BENCH_ONLY` unset: every part).
-fn part(what: &str) -> bool {
-    std::env::var("BENCH_ONLY").map_or(true, |v| v.split(',').any(|p| p.trim() == what))
-}
-
-/// Whether the pair `name` is to start (`BENCH_PAIRS` unset: every available one).
-fn wanted(name: &str) -> bool {
-    std::env::var("BENCH_PAIRS").map_or(true, |v| v.split(',').any(|p| p.trim() == name))
-}
-
-/// Raises this process's open-file limit (soft and hard) to at least `n` if it is lower (children, the proxies and
-/// the servers, inherit it); returns the soft limit in force.
-fn raise_nofile(n: u64) -> u64 {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
-        return 1024;
-    };
-    if soft >= n {
-        return soft;
-    }
-    // Root (CAP_SYS_RESOURCE) may raise the hard limit; otherwise go as far as it.
-    if setrlimit(Resource::RLIMIT_NOFILE, n, n.max(hard)).is_ok() {
-        return n;
-    }
-    let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
-    getrlimit(Resource::RLIMIT_NOFILE).map_or(soft, |(s, _)| s)
-}
+/// The ratios the report prints: (numerator, denominator) pairs, where both ran.
+const RATIOS: &[(&str, &str)] = &[
+    ("weft", "ztunnel"),
+    ("weft-pol", "ztunnel"),
+    ("weft-np", "ztunnel"),
+    ("weft-base", "ztunnel"),
+    ("weft-shadow", "weft-pol"),
+    ("weft", "weft-np"),
+    ("weft-pol", "weft-np"),
+    ("weft-base", "weft-np"),
+    ("weft", "weft-base"),
+    ("weft-pol", "weft-base"),
+    ("weft", "direct"),
+    ("ztunnel", "direct"),
+    ("relay", "ztunnel"),
+    ("weft", "relay"),
+    ("relay", "direct"),
+];
 
 /// The check that makes `weft-shadow / weft-pol` mean something: the shadow decided connections of the rounds
 /// (the new connections of the `cps` part, mostly; also those of `lat` and `bulk`), read from node B's
@@ -235,17 +176,7 @@ async fn main() {
     }
     let (z, full) = Sizes::from_env();
     let log = std::env::var("BENCH_LOG").unwrap_or_else(|_| "info".into());
-    let nofile = raise_nofile((z.idle as u64 * 4).max(65_536));
-    let idle = if z.idle as u64 + 4096 > nofile {
-        let fit = nofile.saturating_sub(4096) as usize;
-        println!(
-            "open-file limit {nofile}: holding {} idle connections needs more; holding {fit}",
-            z.idle
-        );
-        fit
-    } else {
-        z.idle
-    };
+    let idle = idle_that_fits(z.idle);
     let (mut running, pairs, _servers) = start_pairs(&log).await;
     for p in &pairs {
         wait_listening(&p.ns(), SocketAddr::from((p.server_ip, CLOSE)));
@@ -300,7 +231,7 @@ async fn main() {
     if let (Some(node), Some(before)) = (shadowed, before) {
         check_shadow(&pairs, &running, node, before).await;
     }
-    report(&pairs, &results);
+    report(&pairs, &results, RATIOS);
     for r in running.iter_mut() {
         match r {
             Running::Weft(m) => {

@@ -4,6 +4,7 @@
 pub mod cni;
 pub mod dig;
 pub mod gatewaymesh;
+pub mod inpodpair;
 pub mod load;
 pub mod netmesh;
 pub mod podmesh;

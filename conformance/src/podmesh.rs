@@ -213,6 +213,11 @@ impl Nodes {
         Ipv4Addr::new(10, self.net, 0, 1)
     }
 
+    /// The address pod number `n` on node A (`on_b` false) or B has, or will have: `10.<net>.<1|2>.<n+1>`.
+    pub fn pod_ip(&self, on_b: bool, n: u8) -> Ipv4Addr {
+        Ipv4Addr::new(10, self.net, if on_b { 2 } else { 1 }, n.saturating_add(1))
+    }
+
     /// A meshed pod on node A (`on_b` false) or B, number `n` (1..=200): address `10.<net>.<1|2>.<n+1>`, a veth to
     /// its node, a default route via the node, and istio-cni's pod rules (today's REDIRECT set).
     pub fn pod(
@@ -238,7 +243,7 @@ impl Nodes {
         let node = if on_b { &self.b } else { &self.a };
         let subnet = if on_b { 2 } else { 1 };
         let ns = Netns::create(&format!("weft-{}p{subnet}{n}-{id}", self.tag))?;
-        let pod_ip = Ipv4Addr::new(10, self.net, subnet, n + 1);
+        let pod_ip = self.pod_ip(on_b, n);
         let (pod_if, node_if) = (
             format!("wp{}{subnet}{n}", self.tag),
             format!("wq{}{subnet}{n}", self.tag),
@@ -312,12 +317,15 @@ impl Nodes {
 pub fn mesh_yaml(pods: &[(&PodNs, &str)]) -> String {
     let mut s = String::from("workloads:\n");
     for (p, node) in pods {
-        s.push_str(&format!(
-            "- uid: Kubernetes//Pod/default/{name}\n  name: {name}\n  namespace: default\n  serviceAccount: {sa}\n  workloadIps: [{ip}]\n  protocol: HBONE\n  node: {node}\n  services: {{}}\n",
-            name = p.name,
-            sa = p.service_account,
-            ip = p.ip,
-        ));
+        s.push_str(&workload_yaml(&p.name, &p.service_account, p.ip, node));
     }
     s
+}
+
+/// One HBONE workload of the mesh file's `workloads:` list (pod `name` in namespace `default`): for a pod that
+/// exists, or one that will (declared before it is handed to the proxy).
+pub fn workload_yaml(name: &str, service_account: &str, ip: Ipv4Addr, node: &str) -> String {
+    format!(
+        "- uid: Kubernetes//Pod/default/{name}\n  name: {name}\n  namespace: default\n  serviceAccount: {service_account}\n  workloadIps: [{ip}]\n  protocol: HBONE\n  node: {node}\n  services: {{}}\n"
+    )
 }

@@ -49,7 +49,7 @@ pub fn ztunnel_binary() -> Result<PathBuf, String> {
 /// `mesh_yaml` with `trustDomain: cluster.local` on every workload: ztunnel's local config has no default trust
 /// domain (it would ask for `spiffe:///ns/...`), weft's defaults to `cluster.local`; spelled out, both read the same
 /// mesh.
-fn with_trust_domain(mesh_yaml: &str) -> String {
+pub fn with_trust_domain(mesh_yaml: &str) -> String {
     let mut out = String::with_capacity(mesh_yaml.len() + 128);
     for line in mesh_yaml.lines() {
         out.push_str(line);
@@ -296,13 +296,6 @@ impl Setup {
     pub async fn new(tag: &str, subnet: u8) -> Result<Self, String> {
         let client_ip = Ipv4Addr::new(10, 248, subnet, 1);
         let server_ip = Ipv4Addr::new(10, 248, subnet, 2);
-        let weft_ca = weft_devmesh::weft_binary()?.with_file_name("weft-ca");
-        if !weft_ca.is_file() {
-            return Err(format!(
-                "{} not found (ztunnel's certificates come from it): build it with `cargo build --workspace --bins`",
-                weft_ca.display()
-            ));
-        }
         let topo = Topology::create(tag, &Layout::new(client_ip, server_ip, 24))?;
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let d = dir.path();
@@ -320,34 +313,8 @@ impl Setup {
         )?;
         write("token-a", "node-a-token")?;
         write("token-b", "node-b-token")?;
-        let path = |name: &str| d.join(name).display().to_string();
         let ca_addr = SocketAddr::from((client_ip, CA_PORT));
-        let ca_args: Vec<String> = [
-            "--listen",
-            &ca_addr.to_string(),
-            "--ca-dir",
-            &ca_dir.display().to_string(),
-            "--mesh-config",
-            &path("mesh.yaml"),
-            "--tokens",
-            &path("tokens.yaml"),
-            "--tls-san",
-            &client_ip.to_string(),
-            "--log",
-            "warn,weft_ca=info",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let mut ca = NsProcess::spawn(
-            "weft-ca",
-            &topo.ns_a.name,
-            &weft_ca,
-            &ca_args,
-            &[],
-            d.join("weft-ca.log"),
-        )?;
-        ca.wait_log("weft-ca serving", PATIENCE).await?;
+        let ca = start_weft_ca(&topo.ns_a.name, ca_addr, d, None).await?;
         Ok(Self {
             topo,
             dir,
@@ -462,6 +429,118 @@ impl Setup {
             env: Vec::new(),
         };
         NodeProcess::spawn(&weft_devmesh::weft_binary()?, &opts).map_err(|e| e.to_string())
+    }
+}
+
+/// Starts `weft-ca` (found next to the weft binary) in namespace `netns`, serving on `listen` (also its
+/// certificate's address) the CA in `dir/ca` to the holders of the tokens in `dir/tokens.yaml`, for the workloads of
+/// `dir/mesh.yaml`; `trusted_node_accounts` (`namespace/account`) may ask for the identities of their node's
+/// workloads, as ztunnel in shared (in-pod) mode does. Waits until it serves; its output goes to `dir/weft-ca.log`.
+pub async fn start_weft_ca(
+    netns: &str,
+    listen: SocketAddr,
+    dir: &Path,
+    trusted_node_accounts: Option<&str>,
+) -> Result<NsProcess, String> {
+    let weft_ca = weft_devmesh::weft_binary()?.with_file_name("weft-ca");
+    if !weft_ca.is_file() {
+        return Err(format!(
+            "{} not found (ztunnel's certificates come from it): build it with `cargo build --workspace --bins`",
+            weft_ca.display()
+        ));
+    }
+    let path = |name: &str| dir.join(name).display().to_string();
+    let mut args: Vec<String> = [
+        "--listen",
+        &listen.to_string(),
+        "--ca-dir",
+        &path("ca"),
+        "--mesh-config",
+        &path("mesh.yaml"),
+        "--tokens",
+        &path("tokens.yaml"),
+        "--tls-san",
+        &listen.ip().to_string(),
+        "--log",
+        "warn,weft_ca=info",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if let Some(accounts) = trusted_node_accounts {
+        args.extend(["--trusted-node-accounts".into(), accounts.into()]);
+    }
+    let mut ca = NsProcess::spawn(
+        "weft-ca",
+        netns,
+        &weft_ca,
+        &args,
+        &[],
+        dir.join("weft-ca.log"),
+    )?;
+    ca.wait_log("weft-ca serving", PATIENCE).await?;
+    Ok(ca)
+}
+
+/// Istio's ztunnel serving one node in in-pod mode (`PROXY_MODE=shared`), as in a cluster: in a network namespace
+/// of its own (its pod's), the node's pods handed to it by the CNI agent at `uds` (`INPOD_UDS`), the mesh from
+/// `dir/mesh.yaml`, its certificates from the `weft-ca` at `ca` (trusting `dir/ca/root-cert.pem`, authenticating
+/// with the token in `dir/token-<node>` as `istio-system/ztunnel`).
+#[derive(Debug, Clone, Copy)]
+pub struct InpodZtunnel<'a> {
+    /// The ztunnel binary.
+    pub bin: &'a Path,
+    /// Its namespace.
+    pub netns: &'a str,
+    /// The node it serves (`NODE_NAME`).
+    pub node: &'a str,
+    /// Its pod's name (`POD_NAME`).
+    pub pod: &'a str,
+    /// The CNI agent's socket.
+    pub uds: &'a Path,
+    /// The directory of the mesh file, the CA's root and the token; its log goes there too.
+    pub dir: &'a Path,
+    /// weft-ca's address, reachable from `netns`.
+    pub ca: SocketAddr,
+    /// `RUST_LOG`.
+    pub log: &'a str,
+    /// Its log file's name in `dir`, without `.log`.
+    pub log_name: &'a str,
+}
+
+impl InpodZtunnel<'_> {
+    /// Starts it with `extra_env` added (a setting under test) and waits until it is ready (`/healthz/ready` in its
+    /// namespace: it has taken the agent's snapshot). The agent counts the snapshot acked a moment later.
+    pub async fn start(&self, extra_env: &[(String, String)]) -> Result<NsProcess, String> {
+        let path = |n: &str| self.dir.join(n).display().to_string();
+        let mut env: Vec<(String, String)> = [
+            ("PROXY_MODE", "shared".to_owned()),
+            ("INPOD_UDS", self.uds.display().to_string()),
+            ("XDS_ADDRESS", String::new()),
+            ("LOCAL_XDS_PATH", path("mesh.yaml")),
+            ("CA_ADDRESS", format!("https://{}", self.ca)),
+            ("CA_ROOT_CA", path("ca/root-cert.pem")),
+            ("AUTH_TOKEN", path(&format!("token-{}", self.node))),
+            ("NODE_NAME", self.node.into()),
+            ("POD_NAME", self.pod.into()),
+            ("POD_NAMESPACE", "istio-system".into()),
+            ("SERVICE_ACCOUNT", "ztunnel".into()),
+            ("RUST_LOG", self.log.into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        env.extend(extra_env.iter().cloned());
+        let mut z = NsProcess::spawn(
+            &format!("ztunnel {}", self.node),
+            self.netns,
+            self.bin,
+            &[],
+            &env,
+            self.dir.join(format!("{}.log", self.log_name)),
+        )?;
+        z.wait_http_ok(READY, "/healthz/ready", PATIENCE).await?;
+        Ok(z)
     }
 }
 

@@ -3,9 +3,8 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use super::pairs::{Pair, Round};
-use super::probes::{anon_kib, hold_idle, rss_kib};
-use super::{IDLE_CPU_WINDOW, RR};
+use super::probes::{IDLE_CPU_WINDOW, RR, anon_kib, hold_idle, rss_kib};
+use super::rounds::{Pair, Round};
 
 /// Median and spread (min, max) of the finite values of a sample.
 fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
@@ -79,11 +78,11 @@ pub(crate) fn memory(pairs: &[Pair], idle: usize) {
     }
 }
 
-/// The table of medians per pair, then the paired ratios.
-pub(crate) fn report(pairs: &[Pair], results: &[Vec<Round>]) {
+/// The table of medians per pair, then the paired ratios `ratios` (numerator, denominator) of the pairs that ran.
+pub(crate) fn report(pairs: &[Pair], results: &[Vec<Round>], ratios: &[(&str, &str)]) {
     let col = |i: usize, f: fn(&Round) -> f64| results[i].iter().map(f).collect::<Vec<_>>();
     println!(
-        "{:11} | {:20} | {:20} | {:20} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16}",
+        "{:13} | {:20} | {:20} | {:20} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16}",
         "pair",
         "bulk Gb/s",
         "bulk down Gb/s",
@@ -99,7 +98,7 @@ pub(crate) fn report(pairs: &[Pair], results: &[Vec<Round>]) {
     for (i, p) in pairs.iter().enumerate() {
         let failed: u64 = results[i].iter().map(|r| r.failed).sum();
         println!(
-            "{:11} | {:20} | {:20} | {:20} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16}{}",
+            "{:13} | {:20} | {:20} | {:20} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16}{}",
             p.name,
             fmt_stats(col(i, |r| r.gbps), 2),
             fmt_stats(col(i, |r| r.down_gbps), 2),
@@ -129,23 +128,7 @@ pub(crate) fn report(pairs: &[Pair], results: &[Vec<Round>]) {
     println!(
         "ratios per round, median (min-max) (bulk and conn/s: higher is better; the rest: lower is better):"
     );
-    for (a, b) in [
-        ("weft", "ztunnel"),
-        ("weft-pol", "ztunnel"),
-        ("weft-np", "ztunnel"),
-        ("weft-base", "ztunnel"),
-        ("weft-shadow", "weft-pol"),
-        ("weft", "weft-np"),
-        ("weft-pol", "weft-np"),
-        ("weft-base", "weft-np"),
-        ("weft", "weft-base"),
-        ("weft-pol", "weft-base"),
-        ("weft", "direct"),
-        ("ztunnel", "direct"),
-        ("relay", "ztunnel"),
-        ("weft", "relay"),
-        ("relay", "direct"),
-    ] {
+    for &(a, b) in ratios {
         let (Some(i), Some(j)) = (idx(a), idx(b)) else {
             continue;
         };

@@ -8,7 +8,16 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use weft_conformance::load::{close_server, rr_server};
 use weft_conformance::netmesh::connect;
 
-use super::{CLOSE, RR, SINK, SOURCE};
+/// The sink: reads to EOF, answers with the byte count.
+pub(crate) const SINK: u16 = 9000;
+/// The one-byte request/response server (keep-alive).
+pub(crate) const RR: u16 = 9001;
+/// The one-request server that closes after its answer.
+pub(crate) const CLOSE: u16 = 9002;
+/// The server that sends: reads a byte count (8 bytes, big-endian), sends that many bytes, closes.
+pub(crate) const SOURCE: u16 = 9003;
+/// How long an idle pair's own CPU use is measured for (the memory case).
+pub(crate) const IDLE_CPU_WINDOW: Duration = Duration::from_secs(2);
 
 /// Servers in node B: a sink (reads to EOF, answers with the byte count), a one-byte request/response server
 /// (keep-alive) and a one-request server that closes after its answer (so its side, not the client's, holds

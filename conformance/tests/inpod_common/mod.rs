@@ -24,28 +24,16 @@ pub fn spawn_weft(
     log_name: &str,
     more: &[&str],
 ) -> NodeProcess {
-    let weft = weft_devmesh::weft_binary().unwrap();
-    let opts = NodeOptions {
-        name: name.into(),
-        control_ip: control_ip.parse().unwrap(),
-        config: dir.join("mesh.yaml"),
-        ca_dir: dir.join("ca"),
-        log_path: dir.join(format!("{log_name}.log")),
-        netns: Some(node_ns.into()),
-        extra: vec![
-            "--mode".into(),
-            "inpod".into(),
-            "--inpod-uds".into(),
-            uds.display().to_string(),
-        ]
-        .into_iter()
-        .chain(more.iter().map(|s| s.to_string()))
-        .collect(),
-        log: "info".into(),
-        log_linger: Some("0s".into()),
-        env: Vec::new(),
-    };
-    NodeProcess::spawn(&weft, &opts).unwrap()
+    let opts = weft_conformance::inpodpair::inpod_weft_options(
+        name,
+        node_ns,
+        control_ip.parse().unwrap(),
+        dir,
+        uds,
+        log_name,
+        more,
+    );
+    NodeProcess::spawn(&weft_devmesh::weft_binary().unwrap(), &opts).unwrap()
 }
 
 /// A server on `pod`'s address, port 8081, that answers each connection with the address it sees as the peer (as

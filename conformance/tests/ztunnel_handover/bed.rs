@@ -2,6 +2,7 @@
 //! the proxy serving node A (weft or ztunnel) with its logs.
 
 use super::*;
+use weft_conformance::ztunnel::{InpodZtunnel, start_weft_ca, with_trust_domain};
 
 /// A proxy serving node A: a weft process or a ztunnel one.
 pub(crate) enum NodeProxy {
@@ -70,20 +71,6 @@ pub(crate) struct Bed {
     pub(crate) ztunnel: std::path::PathBuf,
 }
 
-/// `mesh_yaml` with `trustDomain: cluster.local` on every workload (ztunnel's local config has no default; weft's
-/// is the same value).
-pub(crate) fn with_trust_domain(mesh: &str) -> String {
-    let mut out = String::new();
-    for line in mesh.lines() {
-        out.push_str(line);
-        out.push('\n');
-        if line.starts_with("  serviceAccount:") {
-            out.push_str("  trustDomain: cluster.local\n");
-        }
-    }
-    out
-}
-
 impl Bed {
     pub(crate) async fn new(tag: &str, net: u8, ztunnel: std::path::PathBuf) -> Self {
         let nodes = Nodes::create(tag, net).expect("network namespaces (needs root)");
@@ -113,7 +100,7 @@ impl Bed {
             "tokens:\n- {token: ztunnel-a-token, node: node-a, identity: spiffe://cluster.local/ns/istio-system/sa/ztunnel}\n",
         )
         .unwrap();
-        std::fs::write(d.join("token-ztunnel"), "ztunnel-a-token").unwrap();
+        std::fs::write(d.join("token-node-a"), "ztunnel-a-token").unwrap();
         let agent_a = Agent::start(&d.join("a.sock")).unwrap();
         let agent_b = Agent::start(&d.join("b.sock")).unwrap();
         for p in a_clients.iter().chain(&a_servers) {
@@ -138,36 +125,9 @@ impl Bed {
         )
         .unwrap();
         let ca_addr = SocketAddr::from(([10, net, 9, 1], 15012));
-        let path = |n: &str| d.join(n).display().to_string();
-        let ca_args: Vec<String> = [
-            "--listen",
-            &ca_addr.to_string(),
-            "--tls-san",
-            &ca_addr.ip().to_string(),
-            "--ca-dir",
-            &path("ca"),
-            "--mesh-config",
-            &path("mesh.yaml"),
-            "--tokens",
-            &path("tokens.yaml"),
-            "--trusted-node-accounts",
-            "istio-system/ztunnel",
-            "--log",
-            "warn,weft_ca=info",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let mut ca = NsProcess::spawn(
-            "weft-ca",
-            &zt_ns[0].name,
-            &weft_conformance::weft_ca_binary(),
-            &ca_args,
-            &[],
-            d.join("weft-ca.log"),
-        )
-        .unwrap();
-        ca.wait_log("weft-ca serving", WAIT).await.unwrap();
+        let ca = start_weft_ca(&zt_ns[0].name, ca_addr, d, Some("istio-system/ztunnel"))
+            .await
+            .unwrap();
 
         let servers: Vec<_> = a_servers
             .iter()
@@ -225,37 +185,23 @@ impl Bed {
                 NodeProxy::Weft(w)
             }
             Kind::Ztunnel => {
-                let d = self.dir.path();
-                let path = |n: &str| d.join(n).display().to_string();
-                let env: Vec<(String, String)> = [
-                    ("PROXY_MODE", "shared".to_owned()),
-                    ("INPOD_UDS", self.agent_a.path.display().to_string()),
-                    ("XDS_ADDRESS", String::new()),
-                    ("LOCAL_XDS_PATH", path("mesh.yaml")),
-                    ("CA_ADDRESS", format!("https://{}", self.ca_addr)),
-                    ("CA_ROOT_CA", path("ca/root-cert.pem")),
-                    ("AUTH_TOKEN", path("token-ztunnel")),
-                    ("NODE_NAME", "node-a".into()),
-                    ("POD_NAME", format!("ztunnel-a{slot}")),
-                    ("POD_NAMESPACE", "istio-system".into()),
-                    ("SERVICE_ACCOUNT", "ztunnel".into()),
-                    ("CONNECTION_TERMINATION_DEADLINE", "3s".into()),
-                    ("RUST_LOG", "info".into()),
-                ]
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v))
-                .collect();
-                let mut z = NsProcess::spawn(
-                    "ztunnel node-a",
-                    &self.zt_ns[slot].name,
-                    &self.ztunnel,
-                    &[],
-                    &env,
-                    d.join(format!("{log}.log")),
-                )
+                let z = InpodZtunnel {
+                    bin: &self.ztunnel,
+                    netns: &self.zt_ns[slot].name,
+                    node: "node-a",
+                    pod: &format!("ztunnel-a{slot}"),
+                    uds: &self.agent_a.path,
+                    dir: self.dir.path(),
+                    ca: self.ca_addr,
+                    log: "info",
+                    log_name: log,
+                }
+                .start(&[(
+                    "CONNECTION_TERMINATION_DEADLINE".to_owned(),
+                    "3s".to_owned(),
+                )])
+                .await
                 .unwrap();
-                let ready = SocketAddr::from(([127, 0, 0, 1], 15021));
-                z.wait_http_ok(ready, "/healthz/ready", WAIT).await.unwrap();
                 NodeProxy::Ztunnel(z)
             }
         };
