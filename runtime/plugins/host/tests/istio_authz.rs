@@ -233,10 +233,20 @@ fn policy_change_rechecks_live_connections() {
 }
 
 /// The plugin declares which connections its policies reach (`authorize-scope`): the host allows the others
-/// without a call, and the scope follows every policy change (global policies reach everything).
+/// without a call, and the scope follows every policy change (global policies reach everything). A version whose
+/// scope takes in nothing is never called, so it keeps one instance, not the pre-warmed pool.
 #[test]
 fn connections_no_policy_reaches_are_allowed_without_a_call() {
-    let h = Harness::policy(&wasm(), "").unwrap();
+    let prewarmed = 4;
+    let h = Harness::with_spec(
+        weft_plugin_host::testing::spec("plugin", weft_state::PluginKind::Policy, &wasm(), ""),
+        weft_plugin_host::HostConfig {
+            prewarm_instances: prewarmed,
+            max_idle_per_plugin: 8,
+            ..weft_plugin_host::HostConfig::default()
+        },
+    )
+    .unwrap();
     let status = || h.host().status().into_iter().next().unwrap();
     let calls = || {
         let s = status();
@@ -254,6 +264,7 @@ fn connections_no_policy_reaches_are_allowed_without_a_call() {
         status().scope.as_deref(),
         Some("namespaces=[] policies=[] unknown_destination=false")
     );
+    assert_eq!((status().pool_target, status().idle_instances), (1, 1));
     assert!(h.authorize(&to("shop", &[])).is_allow());
     assert_eq!(calls(), (0, 1));
 
@@ -262,6 +273,7 @@ fn connections_no_policy_reaches_are_allowed_without_a_call() {
         status().scope.as_deref(),
         Some("namespaces=[shop] policies=[shop/deny-9999] unknown_destination=false")
     );
+    assert_eq!(status().pool_target, prewarmed);
     assert!(!h.authorize(&to("shop", &[])).is_allow());
     assert_eq!(calls(), (1, 1));
     assert!(h.authorize(&to("other", &[])).is_allow());

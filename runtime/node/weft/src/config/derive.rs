@@ -96,6 +96,7 @@ impl NodeConfig {
         let instances = defaults.prewarm_instances.max(callers * 2 + 2);
         HostConfig {
             cache_dir: self.plugin_cache.clone(),
+            release_memory: crate::node::memory::release_thread_memory(),
             compiler: match t.plugin_compiler {
                 PluginCompiler::InProcess => Compiler::InProcess,
                 PluginCompiler::Subprocess => Compiler::Subprocess(SubprocessCompiler {

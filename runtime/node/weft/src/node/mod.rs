@@ -5,6 +5,7 @@
 mod data_path;
 mod handle;
 mod identity;
+pub mod memory;
 pub mod runtimes;
 mod sources;
 mod start;

@@ -25,10 +25,22 @@ pub struct Runtimes {
 impl Runtimes {
     /// The runtimes `config` asks for, sized for [`available_cpus`].
     pub fn build(config: &NodeConfig) -> anyhow::Result<Self> {
-        let control = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .thread_name("weft-control")
-            .build()?;
+        let mut control = tokio::runtime::Builder::new_current_thread();
+        control.enable_all().thread_name("weft-control");
+        // The control thread works in bursts (a config push, a certificate, a scrape) and waits in between: what
+        // it freed goes back to the allocator when it parks, at most once a second (it parks for every timer).
+        if let Some(release) = super::memory::release_thread_memory() {
+            let last = std::sync::Mutex::new(None::<std::time::Instant>);
+            control.on_thread_park(move || {
+                let now = std::time::Instant::now();
+                let Ok(mut last) = last.lock() else { return };
+                if last.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1)) {
+                    *last = Some(now);
+                    release();
+                }
+            });
+        }
+        let control = control.build()?;
         let data = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(config.worker_threads(available_cpus()))
             .enable_all()

@@ -19,6 +19,12 @@ pub struct HostConfig {
     pub cache_dir: Option<PathBuf>,
     /// Where plugins are compiled (`weft run`: a child process, so the node never pages in the compiler).
     pub compiler: Compiler,
+    /// Called on a host thread that has just allocated and freed a lot (an apply: load, configure, pre-warm; a
+    /// refill of instances) before it goes idle, so the process's allocator can give back what that thread still
+    /// holds. `None`: glibc's `malloc_trim` (right for the system allocator; a no-op elsewhere). `weft run`, whose
+    /// allocator is jemalloc, passes jemalloc's `thread.idle` (the thread's cache flushed, its freed pages left to
+    /// the background purge): an idle thread's cache is otherwise never flushed.
+    pub release_memory: Option<fn()>,
     /// Per-call budget for `authorize` and telemetry batches: CPU time of the calling thread, checked at epoch
     /// ticks (so OS preemption does not count against a plugin), with a wall-clock cap of 100× the budget.
     pub call_deadline: Duration,
@@ -92,6 +98,7 @@ impl Default for HostConfig {
         Self {
             cache_dir: None,
             compiler: Compiler::InProcess,
+            release_memory: None,
             call_deadline: Duration::from_millis(10),
             configure_deadline: Duration::from_secs(1),
             epoch_tick: Duration::from_millis(1),

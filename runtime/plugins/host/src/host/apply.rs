@@ -55,9 +55,9 @@ impl PluginHost {
         let host = self.clone();
         let apply = move || {
             let report = host.plugins.apply(version, &specs, &policies);
-            // Compiling a plugin allocates and frees tens of megabytes on this thread; give the freed pages back
-            // so a node's resident memory is what it serves with, not the compiler's high-water mark.
-            release_freed_memory();
+            // Loading and pre-warming a plugin allocate and free megabytes on this thread; give what it holds back
+            // so a node's resident memory is what it serves with, not the apply's high-water mark.
+            release_freed_memory(host.config().release_memory);
             report
         };
         match tokio::task::spawn_blocking(apply).await {

@@ -122,6 +122,7 @@ impl PluginHost {
                 limits,
                 prewarm: config.prewarm_instances,
                 max_idle: config.max_idle_per_plugin,
+                release_memory: config.release_memory,
             },
             imports: ImportLimits {
                 max_series: config.max_series_per_plugin,

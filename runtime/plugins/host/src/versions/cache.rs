@@ -80,9 +80,15 @@ struct DiskCache {
     key: [u8; KEY_LEN],
 }
 
-/// Returns the allocator's free pages to the kernel (glibc keeps what a thread freed in that thread's arena, so
-/// after a compile the process would stay at the compiler's peak). Elsewhere a no-op.
-pub(crate) fn release_freed_memory() {
+/// Lets the allocator give back what the calling thread freed: `hook` (the host's
+/// [`crate::HostConfig::release_memory`]) when there is one, else glibc's `malloc_trim` (glibc keeps what a thread
+/// freed in that thread's arena, so after a compile the process would stay at the compiler's peak; elsewhere a
+/// no-op).
+pub(crate) fn release_freed_memory(hook: Option<fn()>) {
+    if let Some(hook) = hook {
+        hook();
+        return;
+    }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only walks the allocator's own free lists; it takes the allocator's locks itself and has
     // no preconditions.

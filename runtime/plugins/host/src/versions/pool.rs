@@ -58,6 +58,9 @@ pub(crate) struct PoolStatus {
 pub(crate) struct Pool {
     factory: Factory,
     max: usize,
+    /// [`crate::HostConfig::release_memory`]: called by the refill thread when it has created instances and the
+    /// pool is full again.
+    release_memory: Option<fn()>,
     state: Mutex<PoolState>,
     wake: Condvar,
     warn: LogLimiter,
@@ -71,10 +74,12 @@ impl Pool {
         idle: Vec<Instance>,
         target: usize,
         max_idle: usize,
+        release_memory: Option<fn()>,
     ) -> Result<Arc<Self>, LoadError> {
         let max = max_idle.max(1);
         let pool = Arc::new(Pool {
             max,
+            release_memory,
             state: Mutex::new(PoolState {
                 idle,
                 busy: 0,
@@ -205,6 +210,8 @@ impl Pool {
     /// The refill thread: waits until the pool is short and the rate bound or backoff allows, creates one
     /// instance, repeats; ends when the pool is closed.
     fn refill_loop(&self) {
+        // Whether this thread created an instance since it last let the allocator take back what it holds.
+        let mut created_since_release = false;
         loop {
             let mut st = self.lock();
             loop {
@@ -226,6 +233,13 @@ impl Pool {
                         _ => break,
                     }
                 } else {
+                    if created_since_release {
+                        drop(st);
+                        crate::versions::cache::release_freed_memory(self.release_memory);
+                        created_since_release = false;
+                        st = self.lock();
+                        continue;
+                    }
                     st = match self.wake.wait(st) {
                         Ok(g) => g,
                         Err(poisoned) => poisoned.into_inner(),
@@ -236,6 +250,7 @@ impl Pool {
             drop(st);
             let started = Instant::now();
             let created = self.factory.create();
+            created_since_release = true;
             let took = started.elapsed();
             let mut st = self.lock();
             st.creating = false;

@@ -34,6 +34,18 @@ impl Scope {
         }
     }
 
+    /// Whether no connection is in the scope (a policy plugin with no policy to enforce on this node).
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Scope::All => false,
+            Scope::Destinations {
+                namespaces,
+                policies,
+                unknown_destination,
+            } => namespaces.is_empty() && policies.is_empty() && !unknown_destination,
+        }
+    }
+
     /// Whether the plugin must be asked about `conn`.
     pub fn covers(&self, conn: &ConnectionRecord) -> bool {
         match self {

@@ -45,6 +45,8 @@ pub(crate) struct InstanceSettings {
     pub prewarm: usize,
     /// Idle instances a version keeps at most.
     pub max_idle: usize,
+    /// [`crate::HostConfig::release_memory`], for the refill thread.
+    pub release_memory: Option<fn()>,
 }
 
 /// A spec's code, checked and linked: ready to instantiate.
@@ -194,12 +196,25 @@ impl PluginVersion {
             PluginKind::Policy => wanted,
             PluginKind::Telemetry => wanted.min(TELEMETRY_INSTANCES),
         };
-        let target = wanted.clamp(1, settings.max_idle.max(1));
+        // A policy version whose scope takes in no connection is never called on the data path: one configured
+        // instance (kept for what the host asks outside calls) is all it needs. New state makes a new version,
+        // which asks for its scope again and gets the full pool when that takes in connections.
+        let target = if scope.is_empty() {
+            1
+        } else {
+            wanted.clamp(1, settings.max_idle.max(1))
+        };
         let mut idle = vec![first];
         for _ in 1..target {
             idle.push(factory.create()?);
         }
-        let pool = Pool::start(factory, idle, target, settings.max_idle)?;
+        let pool = Pool::start(
+            factory,
+            idle,
+            target,
+            settings.max_idle,
+            settings.release_memory,
+        )?;
         Ok(PluginVersion {
             spec,
             sha256,
