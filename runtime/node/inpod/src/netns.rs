@@ -1,13 +1,13 @@
-//! Pod network namespaces: a handle on the descriptor the CNI agent sent, its identity (device and inode), and a
-//! dedicated thread that has entered it and creates the pod's sockets. A socket belongs to the namespace it was
-//! created in, so only creation happens on that thread; binding, listening and connecting run on the data-path
-//! runtime. No tokio worker ever calls `setns`.
+//! Pod network namespaces: a handle on the descriptor the CNI agent sent, its identity (device and inode), and the
+//! namespace thread that enters pods' namespaces to create their sockets (one thread for every pod). A socket
+//! belongs to the namespace it was created in, so only creation happens on that thread; binding, listening and
+//! connecting run on the data-path runtime. No tokio worker ever calls `setns`.
 
 use std::fmt;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::pin::Pin;
-use std::sync::mpsc;
+use std::sync::{Arc, OnceLock, mpsc};
 
 use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
 use socket2::{Domain, Protocol, Socket, Type};
@@ -96,81 +96,137 @@ pub fn check_capabilities(mark: Option<u32>) -> io::Result<()> {
         .map_err(|_| io::Error::other("namespace check thread panicked"))?
 }
 
-type Job = Box<dyn FnOnce() + Send>;
+/// A job for the namespace thread: told whether the thread entered the job's namespace, it runs there (or reports
+/// why it could not).
+type Job = Box<dyn FnOnce(io::Result<()>) + Send>;
 
-/// A thread that lives inside one pod's network namespace and creates sockets there on request. It ends when the
-/// last handle is dropped.
+/// The one thread that enters pods' network namespaces to create their sockets (and write their sysctls), for
+/// every pod of the node: a job names its namespace, the thread `setns`es into it unless it is there already, runs
+/// the job, and goes back to weft's own namespace when no job is waiting, so it never keeps a deleted pod's
+/// namespace alive. A pod costs no thread of its own (ztunnel's model: it enters the pod's namespace on the
+/// thread that needs a socket, and back), and no tokio worker ever calls `setns`.
+struct Worker {
+    jobs: mpsc::Sender<(Arc<Netns>, Job)>,
+}
+
+/// Stack of the namespace thread: it only creates sockets and writes sysctls.
+const STACK: usize = 128 * 1024;
+
+static WORKER: OnceLock<Result<Worker, String>> = OnceLock::new();
+
+impl Worker {
+    /// The process's namespace thread, started on first use.
+    fn get() -> io::Result<&'static Worker> {
+        WORKER
+            .get_or_init(|| Worker::start().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| io::Error::other(format!("cannot start the namespace thread: {e}")))
+    }
+
+    fn start() -> io::Result<Worker> {
+        let home = std::fs::File::open("/proc/thread-self/ns/net")?;
+        let (jobs, rx) = mpsc::channel::<(Arc<Netns>, Job)>();
+        std::thread::Builder::new()
+            .name("weft-netns".into())
+            .stack_size(STACK)
+            .spawn(move || Worker::run(home, rx))?;
+        Ok(Worker { jobs })
+    }
+
+    fn run(home: std::fs::File, rx: mpsc::Receiver<(Arc<Netns>, Job)>) {
+        // The namespace the thread is in: None while it is in weft's own.
+        let mut current: Option<NetnsId> = None;
+        let mut next = rx.recv().ok();
+        while let Some((netns, job)) = next.take() {
+            let entered = if current == Some(netns.id) {
+                Ok(())
+            } else {
+                match move_into_link_name_space(netns.fd.as_fd(), Some(LinkNameSpaceType::Network))
+                {
+                    Ok(()) => {
+                        current = Some(netns.id);
+                        Ok(())
+                    }
+                    Err(e) => Err(io::Error::new(
+                        e.kind(),
+                        format!("setns into pod network namespace {}: {e}", netns.id),
+                    )),
+                }
+            };
+            // A job that panics must not take the thread (and every pod's sockets) with it; its caller sees its
+            // reply channel dropped.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(entered)));
+            drop(netns);
+            next = match rx.try_recv() {
+                Ok(j) => Some(j),
+                Err(mpsc::TryRecvError::Disconnected) => None,
+                Err(mpsc::TryRecvError::Empty) => {
+                    if current.is_some() {
+                        if let Err(e) = move_into_link_name_space(
+                            home.as_fd(),
+                            Some(LinkNameSpaceType::Network),
+                        ) {
+                            // Only a job for the same namespace could run here now; every other one enters its own
+                            // first, so a failed return home costs a kept namespace, not a socket in the wrong one.
+                            tracing::warn!(error = %e, "the namespace thread cannot return to weft's own network namespace");
+                        } else {
+                            current = None;
+                        }
+                    }
+                    rx.recv().ok()
+                }
+            };
+        }
+    }
+}
+
+/// A pod's network namespace and the namespace thread that creates sockets in it (one thread for every pod).
 pub struct NetnsThread {
-    jobs: mpsc::Sender<Job>,
-    id: NetnsId,
+    netns: Arc<Netns>,
+    worker: &'static Worker,
 }
 
 impl fmt::Debug for NetnsThread {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NetnsThread")
-            .field("netns", &self.id)
+            .field("netns", &self.netns.id)
             .finish()
     }
 }
 
-/// Stack of a namespace thread: it only creates sockets.
-const STACK: usize = 128 * 1024;
-
 impl NetnsThread {
-    /// Start a thread named `name` and move it into `netns` (the thread holds the descriptor while it lives).
-    /// Fails if `setns` fails.
-    pub fn spawn(name: String, netns: std::sync::Arc<Netns>) -> io::Result<Self> {
-        let (jobs, rx) = mpsc::channel::<Job>();
-        let (ready_tx, ready_rx) = mpsc::sync_channel::<io::Result<()>>(1);
-        let id = netns.id;
-        std::thread::Builder::new()
-            .name(name)
-            .stack_size(STACK)
-            .spawn(move || {
-                let entered =
-                    move_into_link_name_space(netns.fd.as_fd(), Some(LinkNameSpaceType::Network))
-                        .map_err(|e| {
-                            io::Error::new(
-                                e.kind(),
-                                format!("setns into pod network namespace {}: {e}", netns.id),
-                            )
-                        });
-                let ok = entered.is_ok();
-                let _ = ready_tx.send(entered);
-                if !ok {
-                    return;
-                }
-                // Keep the namespace descriptor open while the thread lives (the namespace stays addressable).
-                let _netns = netns;
-                while let Ok(job) = rx.recv() {
-                    job();
-                }
-            })?;
-        ready_rx.recv().map_err(|_| {
-            io::Error::other("namespace thread ended before entering the namespace")
-        })??;
-        Ok(Self { jobs, id })
+    /// A handle on the namespace thread for `netns` (started on first use). Fails if the thread cannot start or
+    /// cannot enter `netns`.
+    pub async fn new(netns: Arc<Netns>) -> io::Result<Self> {
+        let t = Self {
+            netns,
+            worker: Worker::get()?,
+        };
+        t.run(|| ()).await?;
+        Ok(t)
     }
 
-    /// The namespace this thread is in.
+    /// The namespace this handle creates sockets in.
     pub fn netns_id(&self) -> NetnsId {
-        self.id
+        self.netns.id
     }
 
-    /// Run `f` on the namespace thread and return its result.
+    /// Run `f` on the namespace thread, inside this handle's namespace, and return its result.
     pub async fn run<T, F>(&self, f: F) -> io::Result<T>
     where
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.jobs
-            .send(Box::new(move || {
-                let _ = tx.send(f());
-            }))
+        let job: Job = Box::new(move |entered: io::Result<()>| {
+            let _ = tx.send(entered.map(|()| f()));
+        });
+        self.worker
+            .jobs
+            .send((self.netns.clone(), job))
             .map_err(|_| io::Error::other("namespace thread has ended"))?;
         rx.await
-            .map_err(|_| io::Error::other("namespace thread dropped the request"))
+            .map_err(|_| io::Error::other("namespace thread dropped the request"))?
     }
 }
 

@@ -1,6 +1,6 @@
 //! A pod's listener set: a weft data path of its own (15001 outbound capture, 15006 inbound plaintext, 15008
 //! HBONE, and the DNS proxy on 15053) whose sockets, listeners and outgoing connections alike, are created inside the pod's network namespace
-//! by the pod's namespace thread. So outbound connections leave with the pod's own source address, and the
+//! by the namespace thread. So outbound connections leave with the pod's own source address, and the
 //! listeners set `SO_REUSEPORT` (unless turned off) so a second weft can serve the pod during an upgrade. The
 //! data paths share the node's mesh state, certificates, plugins and metrics.
 
@@ -135,14 +135,9 @@ impl ListenerSets for ProxyPods {
     type Set = PodListeners;
 
     async fn open(&self, pod: &PodInfo, netns: &Arc<Netns>) -> Result<Arc<PodListeners>, String> {
-        let short: String = pod
-            .uid
-            .chars()
-            .filter(char::is_ascii_alphanumeric)
-            .take(8)
-            .collect();
         let thread = Arc::new(
-            NetnsThread::spawn(format!("weft-ns-{short}"), netns.clone())
+            NetnsThread::new(netns.clone())
+                .await
                 .map_err(|e| e.to_string())?,
         );
         let v6 = thread.run(ipv6_usable).await.map_err(|e| e.to_string())?;

@@ -26,7 +26,7 @@ fn two_descriptors_of_one_namespace_have_one_id() {
 async fn sockets_from_the_thread_live_in_the_pod_namespace() {
     let ns = TestNs::new();
     ns.exec(&["ip", "link", "set", "lo", "up"]);
-    let t = Arc::new(NetnsThread::spawn("weft-ns-test".into(), Arc::new(ns.open())).unwrap());
+    let t = Arc::new(NetnsThread::new(Arc::new(ns.open())).await.unwrap());
     // A listener on the pod's loopback, created by the thread and served from this (tokio) thread.
     let sock = t.tcp_socket(Domain::IPV4).await.unwrap();
     let lis = weft_proxy::socket::listen_socket(sock, "127.0.0.1:0".parse().unwrap(), true, None)
@@ -51,15 +51,82 @@ async fn sockets_from_the_thread_live_in_the_pod_namespace() {
     assert!(weft_proxy::socket::listen_socket(sock, addr, false, None).is_err());
 }
 
-#[test]
-fn the_thread_ends_when_its_last_handle_goes() {
-    let ns = TestNs::new();
-    let t = NetnsThread::spawn("weft-ns-end".into(), Arc::new(ns.open())).unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    // A job that keeps a sender: when the thread ends, its channel (and this sender) is dropped.
-    t.jobs.send(Box::new(move || drop(tx))).unwrap();
-    drop(t);
-    assert!(rx.recv().is_err());
+/// The network namespace the namespace thread is in now (its `/proc/self/task/<tid>/ns/net` link).
+fn worker_netns() -> String {
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let task = task.unwrap().path();
+        if std::fs::read_to_string(task.join("comm"))
+            .unwrap_or_default()
+            .trim()
+            == "weft-netns"
+        {
+            return std::fs::read_link(task.join("ns/net"))
+                .unwrap()
+                .display()
+                .to_string();
+        }
+    }
+    panic!("no weft-netns thread");
+}
+
+/// One thread serves every pod: jobs for two pods, interleaved, each run in their own pod's namespace (a
+/// listener on one port in each, each reached only from its own pod's sockets); a job that panics leaves the
+/// thread serving; and once no job waits the thread is back in weft's own namespace, so it keeps no deleted pod's
+/// namespace alive.
+#[tokio::test]
+async fn one_thread_serves_every_pod_and_goes_home_when_idle() {
+    let (a, b) = (TestNs::new(), TestNs::new());
+    for ns in [&a, &b] {
+        ns.exec(&["ip", "link", "set", "lo", "up"]);
+    }
+    let ta = NetnsThread::new(Arc::new(a.open())).await.unwrap();
+    let tb = NetnsThread::new(Arc::new(b.open())).await.unwrap();
+    let addr: SocketAddr = "127.0.0.1:15111".parse().unwrap();
+    let mut listeners = Vec::new();
+    for t in [&ta, &tb, &ta] {
+        let sock = t.tcp_socket(Domain::IPV4).await.unwrap();
+        let reuse = listeners.len() == 2; // the third joins pod a's group: same namespace, same port
+        listeners.push(weft_proxy::socket::listen_socket(sock, addr, reuse, None));
+    }
+    assert!(
+        listeners[0].is_ok() && listeners[1].is_ok(),
+        "{listeners:?}"
+    );
+    assert!(
+        listeners[2].is_err(),
+        "a second listener on pod a's port without SO_REUSEPORT must collide: it was not created in pod a"
+    );
+    let (la, lb) = (listeners.remove(0).unwrap(), listeners.remove(0).unwrap());
+    for (t, lis, other) in [(&ta, &la, &lb), (&tb, &lb, &la)] {
+        let sock = t.tcp_socket(Domain::IPV4).await.unwrap();
+        let (c, accepted) = tokio::join!(
+            weft_proxy::socket::connect_socket(sock, addr, None, weft_proxy::socket::Source::Any),
+            lis.accept()
+        );
+        assert_eq!(accepted.unwrap().1, c.unwrap().local_addr().unwrap());
+        // Nothing queued on the other pod's listener.
+        assert!(
+            tokio::time::timeout(std::time::Duration::ZERO, other.accept())
+                .await
+                .is_err()
+        );
+    }
+    let panicked = ta.run(|| panic!("a job that panics")).await;
+    assert!(panicked.is_err());
+    assert_eq!(ta.run(|| 7).await.unwrap(), 7);
+    // Back home once idle: wait for it (the switch follows the last job's reply).
+    let own = std::fs::read_link("/proc/thread-self/ns/net")
+        .unwrap()
+        .display()
+        .to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while worker_netns() != own {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the namespace thread stayed in a pod's namespace"
+        );
+        std::thread::yield_now();
+    }
 }
 
 #[test]
@@ -72,7 +139,7 @@ async fn migrate_req_is_set_in_the_pod_namespace_only() {
     const PATH: &str = "/proc/sys/net/ipv4/tcp_migrate_req";
     let host_before = std::fs::read_to_string(PATH).unwrap();
     let ns = TestNs::new();
-    let t = NetnsThread::spawn("weft-ns-sysctl".into(), Arc::new(ns.open())).unwrap();
+    let t = NetnsThread::new(Arc::new(ns.open())).await.unwrap();
     assert_eq!(
         t.run(|| std::fs::read_to_string(PATH).unwrap())
             .await
