@@ -42,7 +42,9 @@
 //! leaves cores idle is bound by its stages waiting on each other as well as by CPU); and, first, on fresh processes
 //! after one warm-up, the CPU an idle pair uses by itself (ms per second, over 2 s), idle RSS (and its anonymous part,
 //! the process's own memory) and RSS per connection while `BENCH_IDLE` idle connections are held open through each pair
-//! (the bench raises RLIMIT_NOFILE for itself, the servers and the proxies, which inherit it). Only ratios mean
+//! (spread over four keep-alive servers, so 100,000 fit the ephemeral ports; the bench raises RLIMIT_NOFILE for
+//! itself, the servers and the proxies, which inherit it), and while they are held, new connections' time to first
+//! byte one after another (`BENCH_IDLE / 20` of them, 20 to 1,000: the accept latency under that load). Only ratios mean
 //! anything, and only on a quiet machine; nothing here asserts a time.
 //!
 //! Run for figures (root, release builds; ztunnel's certificates come from `weft-ca`, found next to `weft`):

@@ -1,9 +1,8 @@
 //! What the bench prints: medians with their spread, the memory case's table and the per-round ratios.
 
-use std::net::SocketAddr;
 use std::time::Instant;
 
-use super::probes::{IDLE_CPU_WINDOW, RR, anon_kib, hold_idle, rss_kib};
+use super::probes::{IDLE_CPU_WINDOW, anon_kib, hold_idle, pct, rss_kib};
 use super::rounds::{Pair, Round};
 
 /// Median and spread (min, max) of the finite values of a sample.
@@ -41,12 +40,16 @@ pub(crate) fn memory(pairs: &[Pair], idle: usize) {
         let before = (rss_kib(p.pids.0), rss_kib(p.pids.1));
         let anon = (anon_kib(p.pids.0), anon_kib(p.pids.1));
         let (ip, pids) = (p.server_ip, p.pids);
-        let held = p.in_a(move || hold_idle(SocketAddr::from((ip, RR)), idle, pids));
+        let setup_n = (idle / 20).clamp(20, 1000);
+        let mut h = p.in_a(move || hold_idle(ip, idle, pids, setup_n));
+        let held = h.rss;
+        h.setup.sort_by(f64::total_cmp);
+        let setup = (pct(&h.setup, 50), pct(&h.setup, 99));
         let per =
             |after: u64, before: u64| after.saturating_sub(before) as f64 * 1024.0 / idle as f64;
         let mib = |k: u64| k as f64 / 1024.0;
         println!(
-            "  {:11} idle CPU A+B {idle_cpu:5.2} ms/s | idle RSS A {:6.1}  B {:6.1} (anon A {:5.1}  B {:5.1}) | holding {idle}: A {:6.1}  B {:6.1} | per connection A {:6.0}  B {:6.0}",
+            "  {:11} idle CPU A+B {idle_cpu:5.2} ms/s | idle RSS A {:6.1}  B {:6.1} (anon A {:5.1}  B {:5.1}) | holding {idle}: A {:6.1}  B {:6.1} | per connection A {:6.0}  B {:6.0} | new connection while holding, 1st byte p50 {:5.0} p99 {:5.0} us",
             p.name,
             mib(before.0),
             mib(before.1),
@@ -56,23 +59,28 @@ pub(crate) fn memory(pairs: &[Pair], idle: usize) {
             mib(held.1),
             per(held.0, before.0),
             per(held.1, before.1),
+            setup.0,
+            setup.1,
         );
         per_conn.push((
             p.name,
             before.0 + before.1,
             per(held.0, before.0) + per(held.1, before.1),
             anon.0 + anon.1,
+            setup,
         ));
     }
     let find = |n: &str| per_conn.iter().find(|(name, ..)| *name == n);
     for w in ["weft", "weft-pol", "weft-shadow", "weft-np", "weft-base"] {
         if let (Some(w), Some(z)) = (find(w), find("ztunnel")) {
             println!(
-                "  {} / ztunnel: idle RSS (A+B) {:.2} (anon {:.2})   per idle connection (A+B) {:.2}",
+                "  {} / ztunnel: idle RSS (A+B) {:.2} (anon {:.2})   per idle connection (A+B) {:.2}   new connection while holding p50 {:.2} p99 {:.2}",
                 w.0,
                 w.1 as f64 / z.1 as f64,
                 w.3 as f64 / z.3 as f64,
-                w.2 / z.2
+                w.2 / z.2,
+                w.4.0 / z.4.0,
+                w.4.1 / z.4.1
             );
         }
     }

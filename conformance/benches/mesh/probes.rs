@@ -16,6 +16,10 @@ pub(crate) const RR: u16 = 9001;
 pub(crate) const CLOSE: u16 = 9002;
 /// The server that sends: reads a byte count (8 bytes, big-endian), sends that many bytes, closes.
 pub(crate) const SOURCE: u16 = 9003;
+/// Keep-alive servers the idle connections of the memory case are spread over, round robin: a client address can
+/// hold one connection per local port to each server port (28,232 with Linux's default ephemeral range), so
+/// 100,000 idle connections need four.
+pub(crate) const IDLE_PORTS: [u16; 4] = [RR, 9011, 9021, 9031];
 /// How long an idle pair's own CPU use is measured for (the memory case).
 pub(crate) const IDLE_CPU_WINDOW: Duration = Duration::from_secs(2);
 
@@ -66,6 +70,13 @@ pub(crate) async fn servers(ip: Ipv4Addr) {
             });
         }
     });
+    for port in IDLE_PORTS.into_iter().filter(|p| *p != RR) {
+        tokio::spawn(async move {
+            rr_server(SocketAddr::from((ip, port)))
+                .await
+                .expect("rr server (idle connections)")
+        });
+    }
     rr_server(SocketAddr::from((ip, RR)))
         .await
         .expect("rr server");
@@ -173,19 +184,30 @@ pub(crate) async fn setup_latency(dst: SocketAddr, bypass: bool, n: usize) -> Ve
     samples
 }
 
-/// Opens `n` connections through the pair (64 at a time), each with one byte echoed so the tunnel is up end to
-/// end, reads both proxies' RSS while all are held, then resets them (no TIME_WAIT left behind for the later
-/// parts): (RSS A, RSS B) in KiB.
+/// What [`hold_idle`] measured while the connections were held.
+pub(crate) struct Held {
+    /// (RSS A, RSS B) in KiB.
+    pub rss: (u64, u64),
+    /// New connections' times to first byte (µs), taken one after another while the idle ones are held.
+    pub setup: Vec<f64>,
+}
+
+/// Opens `n` connections through the pair to `ip` (64 at a time, over [`IDLE_PORTS`]), each with one byte echoed
+/// so the tunnel is up end to end, reads both proxies' RSS while all are held, times `setup_n` new connections
+/// (to the closing server) while they still are, then resets them (no TIME_WAIT left behind for the later
+/// parts). A connection that fails fails the bench.
 pub(crate) async fn hold_idle(
-    dst: SocketAddr,
+    ip: Ipv4Addr,
     n: usize,
     pids: (Option<u32>, Option<u32>),
-) -> (u64, u64) {
+    setup_n: usize,
+) -> Held {
     let mut held = Vec::with_capacity(n);
     while held.len() < n {
         let batch = (n - held.len()).min(64);
-        let tasks: Vec<_> = (0..batch)
-            .map(|_| {
+        let tasks: Vec<_> = (held.len()..held.len() + batch)
+            .map(|i| {
+                let dst = SocketAddr::from((ip, IDLE_PORTS[i % IDLE_PORTS.len()]));
                 tokio::spawn(async move {
                     let mut s = connect(dst, false).await?;
                     s.write_all(b"i").await?;
@@ -196,16 +218,22 @@ pub(crate) async fn hold_idle(
             })
             .collect();
         for t in tasks {
-            held.push(t.await.expect("task").expect("idle connection"));
+            let i = held.len();
+            held.push(
+                t.await
+                    .expect("task")
+                    .unwrap_or_else(|e| panic!("idle connection {i} of {n}: {e}")),
+            );
         }
     }
     // Both proxies have seen every connection's byte; give them no further event and read.
     let rss = (rss_kib(pids.0), rss_kib(pids.1));
+    let setup = setup_latency(SocketAddr::from((ip, CLOSE)), false, setup_n).await;
     for s in &held {
         let _ = socket2::SockRef::from(s).set_linger(Some(Duration::ZERO));
     }
     drop(held);
-    rss
+    Held { rss, setup }
 }
 
 /// VmRSS of `pid` in KiB (0 if unknown).
