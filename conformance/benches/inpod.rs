@@ -40,8 +40,8 @@
 //! Without `--bench` on its command line and without `BENCH_FULL=1` it is a smoke run: one round of tiny sizes, every
 //! path and part once. Environment as the mesh bench's (BENCH_ROUNDS, BENCH_MIB, BENCH_SECS, BENCH_CONC,
 //! BENCH_LAT_N, BENCH_IDLE, BENCH_LOG, BENCH_PAIRS of `weft`, `weft-pol`, `ztunnel`), plus BENCH_PODS (100 / 5),
-//! BENCH_SAME_NODE (1; 0 skips the same-node paths), and BENCH_ONLY, a comma list of `mem`, `bulk`, `cps`, `lat`,
-//! `pods`.
+//! BENCH_SAME_NODE (1; 0 skips the same-node paths), BENCH_FLOW_SECS, and BENCH_ONLY, a comma list of `mem`,
+//! `bulk`, `flow`, `cps`, `lat`, `pods`.
 #![allow(clippy::unwrap_used)] // a bench panics to fail
 
 use std::net::SocketAddr;

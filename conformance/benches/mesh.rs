@@ -34,7 +34,10 @@
 //! Reported: the median over rounds with the spread (min–max), and ratios taken per round (paired: the same figure
 //! of two pairs in the same round) with theirs.
 //!
-//! Figures: one-flow bulk throughput, client to server (upload) and server to client (download, `bulk down`); new
+//! Figures: one-flow bulk throughput, client to server (upload) and server to client (download, `bulk down`); the
+//! same as time-bounded flows on a new connection each (`flow`, `flow down`: iperf3's way, `BENCH_FLOW_SECS` each,
+//! one each way per pair and round, so a flow's start, slow start and buffer growth, counts and every round's
+//! ratio shows, not only the median of good slices); new
 //! connections/s (1 byte each way, the server closes first, as an HTTP server does for `Connection: close`); keep-alive
 //! 1-byte request latency p50/p99; a new connection's time to first byte p50/p99 (it includes the HBONE CONNECT round
 //! trip); the CPU both proxies of a pair spend per GiB (of the upload) and per connection
@@ -61,7 +64,8 @@
 //! BENCH_SECS connection-rate window per round, fractional allowed (3 / 0.3), BENCH_CONC concurrent connectors (16),
 //! BENCH_LAT_N latency samples per round (5000 / 200), BENCH_IDLE idle connections for the memory case, 0 skips it
 //! (10000 / 100), BENCH_LOG both proxies' log filter (`info`, both proxies' default), BENCH_ONLY comma list of
-//! `mem`, `bulk`, `cps`, `lat` (run only those parts; default all), BENCH_PAIRS comma list of pairs to start
+//! `mem`, `bulk`, `flow`, `cps`, `lat` (run only those parts; default all), BENCH_FLOW_SECS each flow's length
+//! (7 / 0.2), BENCH_PAIRS comma list of pairs to start
 //! (default all available).
 #![allow(clippy::unwrap_used)] // a bench panics to fail
 

@@ -23,6 +23,9 @@ pub(crate) struct Sizes {
     pub(crate) conc: usize,
     pub(crate) lat_n: usize,
     pub(crate) idle: usize,
+    /// How long each time-bounded flow of the `flow` part lasts (iperf3-style: a new connection, its slow start and
+    /// buffer growth included).
+    pub(crate) flow: Duration,
 }
 
 /// Whether this is a full run: `cargo bench` (which passes `--bench`) or `BENCH_FULL=1`; a smoke run otherwise.
@@ -51,6 +54,7 @@ impl Sizes {
             conc: (num("BENCH_CONC", 16.0, 16.0) as usize).max(1),
             lat_n: (num("BENCH_LAT_N", 5000.0, 200.0) as usize).max(10),
             idle: num("BENCH_IDLE", 10_000.0, 100.0) as usize,
+            flow: Duration::from_secs_f64(num("BENCH_FLOW_SECS", 7.0, 0.2).max(0.05)),
         };
         (sizes, full())
     }

@@ -90,10 +90,12 @@ pub(crate) fn memory(pairs: &[Pair], idle: usize) {
 pub(crate) fn report(pairs: &[Pair], results: &[Vec<Round>], ratios: &[(&str, &str)]) {
     let col = |i: usize, f: fn(&Round) -> f64| results[i].iter().map(f).collect::<Vec<_>>();
     println!(
-        "{:13} | {:20} | {:20} | {:20} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16}",
+        "{:13} | {:20} | {:20} | {:20} | {:20} | {:20} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16}",
         "pair",
         "bulk Gb/s",
         "bulk down Gb/s",
+        "flow Gb/s",
+        "flow down Gb/s",
         "new conn/s",
         "CPU us/conn A+B",
         "RTT p50 us",
@@ -106,10 +108,12 @@ pub(crate) fn report(pairs: &[Pair], results: &[Vec<Round>], ratios: &[(&str, &s
     for (i, p) in pairs.iter().enumerate() {
         let failed: u64 = results[i].iter().map(|r| r.failed).sum();
         println!(
-            "{:13} | {:20} | {:20} | {:20} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16}{}",
+            "{:13} | {:20} | {:20} | {:20} | {:20} | {:20} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16} | {:16}{}",
             p.name,
             fmt_stats(col(i, |r| r.gbps), 2),
             fmt_stats(col(i, |r| r.down_gbps), 2),
+            fmt_stats(col(i, |r| r.flow_up), 2),
+            fmt_stats(col(i, |r| r.flow_down), 2),
             fmt_stats(col(i, |r| r.cps), 0),
             fmt_stats(col(i, |r| r.cpu_conn_us), 0),
             fmt_stats(col(i, |r| r.p50), 0),
@@ -134,17 +138,19 @@ pub(crate) fn report(pairs: &[Pair], results: &[Vec<Round>], ratios: &[(&str, &s
             .collect::<Vec<_>>()
     };
     println!(
-        "ratios per round, median (min-max) (bulk and conn/s: higher is better; the rest: lower is better):"
+        "ratios per round, median (min-max) (bulk, flow and conn/s: higher is better; the rest: lower is better):"
     );
     for &(a, b) in ratios {
         let (Some(i), Some(j)) = (idx(a), idx(b)) else {
             continue;
         };
         println!(
-            "  {:22} bulk {}   down {}   conn/s {}   CPU/conn {}   RTT p50 {}   RTT p99 {}   1st byte p50 {}",
+            "  {:22} bulk {}   down {}   flow {}   flow down {}   conn/s {}   CPU/conn {}   RTT p50 {}   RTT p99 {}   1st byte p50 {}",
             format!("{a} / {b}"),
             fmt_stats(ratio(i, j, |r| r.gbps), 3),
             fmt_stats(ratio(i, j, |r| r.down_gbps), 3),
+            fmt_stats(ratio(i, j, |r| r.flow_up), 3),
+            fmt_stats(ratio(i, j, |r| r.flow_down), 3),
             fmt_stats(ratio(i, j, |r| r.cps), 3),
             fmt_stats(ratio(i, j, |r| r.cpu_conn_us), 3),
             fmt_stats(ratio(i, j, |r| r.p50), 3),

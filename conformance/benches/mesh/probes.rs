@@ -125,6 +125,46 @@ pub(crate) async fn bulk(dst: SocketAddr, bypass: bool, bytes: u64) -> f64 {
     start.elapsed().as_secs_f64()
 }
 
+/// A time-bounded flow from the client to the sink on a new connection (iperf3's way: slow start and buffer
+/// growth included): sends for `secs`, half-closes, and counts what the sink says it received over the time until
+/// its answer; Gb/s.
+pub(crate) async fn flow_up(dst: SocketAddr, bypass: bool, secs: Duration) -> f64 {
+    let mut s = connect(dst, bypass).await.expect("connect");
+    let buf = vec![0x5au8; 256 * 1024];
+    let start = Instant::now();
+    let mut sent = 0u64;
+    while start.elapsed() < secs {
+        s.write_all(&buf).await.expect("write");
+        sent += buf.len() as u64;
+    }
+    s.shutdown().await.expect("shutdown");
+    let mut got = [0u8; 8];
+    s.read_exact(&mut got).await.expect("count");
+    assert_eq!(u64::from_be_bytes(got), sent, "sink byte count");
+    sent as f64 * 8.0 / start.elapsed().as_secs_f64() / 1e9
+}
+
+/// A time-bounded flow the other way: asks the source for more than it can send and reads for `secs`, then resets
+/// the connection; Gb/s.
+pub(crate) async fn flow_down(dst: SocketAddr, bypass: bool, secs: Duration) -> f64 {
+    let mut s = connect(dst, bypass).await.expect("connect");
+    let start = Instant::now();
+    s.write_all(&u64::MAX.to_be_bytes()).await.expect("ask");
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut got = 0u64;
+    while start.elapsed() < secs {
+        let k = s.read(&mut buf).await.expect("read");
+        assert!(
+            k > 0,
+            "the source closed a flow it was asked to keep sending"
+        );
+        got += k as u64;
+    }
+    let gbps = got as f64 * 8.0 / start.elapsed().as_secs_f64() / 1e9;
+    let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+    gbps
+}
+
 /// One flow the other way: asks the source for `bytes` and reads them to the end; seconds taken.
 pub(crate) async fn bulk_down(dst: SocketAddr, bypass: bool, bytes: u64) -> f64 {
     let mut s = connect(dst, bypass).await.expect("connect");

@@ -11,8 +11,8 @@ use weft_devmesh::netns::Netns;
 
 use super::env::{Sizes, part};
 use super::probes::{
-    CLOSE, RR, SINK, SOURCE, bulk, bulk_down, cpu_ns, idle_percent, latency, machine_ticks, pct,
-    setup_latency,
+    CLOSE, RR, SINK, SOURCE, bulk, bulk_down, cpu_ns, flow_down, flow_up, idle_percent, latency,
+    machine_ticks, pct, setup_latency,
 };
 
 /// One proxy pair (or the direct path) as measured: where its client runs and which processes are its proxies.
@@ -46,6 +46,9 @@ pub(crate) struct Round {
     /// New connection: connect to first byte back, µs.
     pub(crate) setup50: f64,
     pub(crate) setup99: f64,
+    /// The time-bounded flows of the `flow` part (one each way per round), Gb/s.
+    pub(crate) flow_up: f64,
+    pub(crate) flow_down: f64,
 }
 
 impl Default for Round {
@@ -62,6 +65,8 @@ impl Default for Round {
             p99: f64::NAN,
             setup50: f64::NAN,
             setup99: f64::NAN,
+            flow_up: f64::NAN,
+            flow_down: f64::NAN,
         }
     }
 }
@@ -106,6 +111,15 @@ impl Pair {
         t.down_mib += mib;
     }
 
+    /// The `flow` part: one time-bounded flow each way, added to `t`.
+    pub(crate) fn flow_slice(&self, secs: Duration, t: &mut Tally) {
+        let (ip, bypass) = (self.server_ip, self.bypass);
+        t.flow_up
+            .push(self.in_a(move || flow_up(SocketAddr::from((ip, SINK)), bypass, secs)));
+        t.flow_down
+            .push(self.in_a(move || flow_down(SocketAddr::from((ip, SOURCE)), bypass, secs)));
+    }
+
     /// One slice of the connection-rate window (`cps` part), added to `t`.
     pub(crate) fn cps_slice(&self, window: Duration, conc: usize, t: &mut Tally) {
         let (ip, bypass) = (self.server_ip, self.bypass);
@@ -148,6 +162,8 @@ pub(crate) struct Tally {
     cpu_ns: f64,
     rtt: Vec<f64>,
     setup: Vec<f64>,
+    flow_up: Vec<f64>,
+    flow_down: Vec<f64>,
 }
 
 impl Tally {
@@ -170,6 +186,15 @@ impl Tally {
             self.setup.sort_by(f64::total_cmp);
             (r.p50, r.p99) = (pct(&self.rtt, 50), pct(&self.rtt, 99));
             (r.setup50, r.setup99) = (pct(&self.setup, 50), pct(&self.setup, 99));
+        }
+        for (v, out) in [
+            (&mut self.flow_up, &mut r.flow_up),
+            (&mut self.flow_down, &mut r.flow_down),
+        ] {
+            v.sort_by(f64::total_cmp);
+            if !v.is_empty() {
+                *out = pct(v, 50);
+            }
         }
         r
     }
@@ -237,6 +262,11 @@ pub(crate) fn round(pairs: &[Pair], z: Sizes, round: usize) -> Vec<Round> {
         let slices = z.lat_n.div_ceil(LAT_SLICE).max(1);
         take_turns(pairs, &mut tallies, &mut seed, slices, |p, _, t| {
             p.lat_slice(z.lat_n / slices, t);
+        });
+    }
+    if part("flow") {
+        take_turns(pairs, &mut tallies, &mut seed, 1, |p, _, t| {
+            p.flow_slice(z.flow, t);
         });
     }
     tallies.into_iter().map(Tally::finish).collect()
