@@ -147,6 +147,15 @@ impl Publisher {
             return;
         }
         next.version = old.version + 1;
+        if next.addresses != old.addresses {
+            next.changed.addresses = next.version;
+        }
+        if next.authorizations != old.authorizations {
+            next.changed.authorizations = next.version;
+        }
+        if next.plugins != old.plugins {
+            next.changed.plugins = next.version;
+        }
         tracing::info!(
             ?kind,
             version = next.version,

@@ -105,7 +105,9 @@ pub struct TypeRecord {
     pub wildcard: bool,
     /// Names subscribed to (besides the wildcard).
     pub names: Vec<String>,
-    /// What the node ACKed: name → version. A removal it ACKed drops the name.
+    /// What the node ACKed: name → version. A removal it ACKed drops the name. Kept for the types whose every
+    /// resource is followed per node ([`tracks_resources`]: plugins, what staged rollouts and the status read);
+    /// empty for the mesh types, whose per-name records would cost every node a copy of the whole mesh.
     pub acked: BTreeMap<String, String>,
     /// What it refused last, by name (cleared by a later ACK of that name).
     pub nacked: BTreeMap<String, Nacked>,
@@ -165,6 +167,13 @@ pub fn per_resource_reasons<'a>(
         }
     }
     out
+}
+
+/// Whether the registry records, per node, which version of each resource of `type_url` it ACKed (extension
+/// configs: which plugin version each node runs). For the mesh types (every node gets the same resources) only the
+/// counts, the pending responses and what was refused are kept.
+pub fn tracks_resources(type_url: &str) -> bool {
+    type_url == weft_proto::type_url::EXTENSION_CONFIG
 }
 
 /// Everyone connected.
@@ -234,7 +243,11 @@ impl Registry {
     ) -> Option<R> {
         let mut g = lock(&self.nodes);
         let node = g.get_mut(&stream)?;
-        Some(f(node.types.entry(type_url.to_owned()).or_default()))
+        if !node.types.contains_key(type_url) {
+            node.types
+                .insert(type_url.to_owned(), TypeRecord::default());
+        }
+        node.types.get_mut(type_url).map(f)
     }
 
     /// Record a subscription state.
@@ -252,6 +265,9 @@ impl Registry {
         type_url: &str,
         versions: &std::collections::HashMap<String, String>,
     ) {
+        if !tracks_resources(type_url) {
+            return;
+        }
         self.with_type(stream, type_url, |t| {
             for (name, version) in versions {
                 t.acked.insert(name.clone(), version.clone());
@@ -284,11 +300,17 @@ impl Registry {
             .get_or_create(&label)
             .observe(sent.at.elapsed().as_secs_f64());
         tracing::info!(stream, %node, r#type = %label.r#type, nonce, resources = sent.resources.len(), removed = sent.removed.len(), "ACK");
+        let per_resource = tracks_resources(type_url);
         self.with_type(stream, type_url, |t| {
             t.pending = t.pending.saturating_sub(1);
             t.acks += 1;
+            if t.nacked.is_empty() && !per_resource {
+                return;
+            }
             for (name, version) in &sent.resources {
-                t.acked.insert(name.clone(), version.clone());
+                if per_resource {
+                    t.acked.insert(name.clone(), version.clone());
+                }
                 t.nacked.remove(name);
             }
             for name in &sent.removed {
@@ -360,7 +382,9 @@ impl Registry {
                         );
                     }
                     None => {
-                        t.acked.insert(name.clone(), version.clone());
+                        if tracks_resources(type_url) {
+                            t.acked.insert(name.clone(), version.clone());
+                        }
                         t.nacked.remove(name);
                     }
                 }

@@ -20,6 +20,10 @@ pub struct Resource {
     pub version: String,
     /// The resource itself.
     pub body: prost_types::Any,
+    /// `name` and `version` once more as shared strings, what each stream that sends it keeps of it
+    /// ([`weft_xds::server::ServedResource::ids`]): one copy for the whole fleet, not one per node. Set by the
+    /// constructors; a resource built otherwise must keep them equal to `name` and `version`.
+    pub(crate) ids: (Arc<str>, Arc<str>),
 }
 
 /// The first 16 hex digits of a sha256.
@@ -37,10 +41,17 @@ impl Resource {
     /// encodes a map in hash order, which differs between processes).
     pub fn new(name: String, body: prost_types::Any) -> Self {
         let version = short_digest(&[body.type_url.as_bytes(), &body.value]);
+        Self::with_version(name, version, body)
+    }
+
+    /// A resource of this name, version and body.
+    pub fn with_version(name: String, version: String, body: prost_types::Any) -> Self {
+        let ids = (Arc::from(name.as_str()), Arc::from(version.as_str()));
         Self {
             name,
             version,
             body,
+            ids,
         }
     }
 
@@ -64,11 +75,7 @@ impl Resource {
             }
             _ => short_digest(&[body.type_url.as_bytes(), &body.value]),
         };
-        Self {
-            name,
-            version,
-            body,
-        }
+        Self::with_version(name, version, body)
     }
 
     /// An `istio.security.Authorization`.
@@ -147,11 +154,40 @@ impl weft_xds::server::ServedResource for Resource {
     fn body(&self) -> &prost_types::Any {
         &self.body
     }
+    fn ids(&self, name: &str) -> (Arc<str>, Arc<str>) {
+        if *self.ids.0 == *name {
+            (self.ids.0.clone(), self.ids.1.clone())
+        } else {
+            (Arc::from(name), self.ids.1.clone())
+        }
+    }
 }
 
 /// What one node should have of one resource: `Serve` this version, or `Keep` whatever it runs (neither sent nor
 /// removed).
 pub type Desired = weft_xds::server::Offered<Arc<Resource>>;
+
+/// What every node is offered of a type every node gets whole (Address, Authorization): built once per snapshot, on
+/// first use, and shared by every stream, rather than built by each stream for each push. Not part of what a
+/// snapshot says: a clone starts empty (a clone is the next snapshot being built, whose contents change), and it
+/// never makes two snapshots differ.
+#[derive(Debug, Default)]
+pub struct OfferCache {
+    addresses: std::sync::OnceLock<Arc<BTreeMap<String, Desired>>>,
+    authorizations: std::sync::OnceLock<Arc<BTreeMap<String, Desired>>>,
+}
+
+impl Clone for OfferCache {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl PartialEq for OfferCache {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
 
 /// Everything served, at one moment. Immutable; a change publishes a new one.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -164,6 +200,21 @@ pub struct Snapshot {
     pub authorizations: TypeSet,
     /// Plugins (`envoy.config.core.v3.TypedExtensionConfig` with a `weft.plugin.v1.WeftPlugin`).
     pub plugins: BTreeMap<String, PluginEntry>,
+    /// The snapshot version at which each served type last changed (what a stream needs no new diff for).
+    pub changed: TypeVersions,
+    /// The offers of the whole types, once built.
+    pub offers: OfferCache,
+}
+
+/// Per served type, the snapshot version at which it last changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TypeVersions {
+    /// Addresses.
+    pub addresses: u64,
+    /// Authorizations.
+    pub authorizations: u64,
+    /// Plugins (who gets which version included).
+    pub plugins: u64,
 }
 
 /// The type URLs weft control serves.
@@ -174,41 +225,65 @@ pub const SERVED_TYPES: [&str; 3] = [
 ];
 
 impl Snapshot {
+    /// The snapshot version at which what `type_url` serves last changed (0: never; an unknown type: 0).
+    pub fn changed_at(&self, type_url: &str) -> u64 {
+        match type_url {
+            type_url::ADDRESS => self.changed.addresses,
+            type_url::AUTHORIZATION => self.changed.authorizations,
+            type_url::EXTENSION_CONFIG => self.changed.plugins,
+            _ => 0,
+        }
+    }
+
     /// Whether `type_url` is one weft control serves.
     pub fn serves(type_url: &str) -> bool {
         SERVED_TYPES.contains(&type_url)
     }
 
-    /// What `node` should have of `type_url`, by name.
-    pub fn desired(&self, type_url: &str, node: &NodeKey) -> BTreeMap<String, Desired> {
+    /// What `node` should have of `type_url`, by name (for the types every node gets whole, one map shared by
+    /// every node).
+    pub fn desired(&self, type_url: &str, node: &NodeKey) -> Arc<BTreeMap<String, Desired>> {
         let plain = |set: &TypeSet| {
-            set.iter()
-                .map(|(k, v)| (k.clone(), Desired::Serve(v.clone())))
-                .collect()
+            Arc::new(
+                set.iter()
+                    .map(|(k, v)| (k.clone(), Desired::Serve(v.clone())))
+                    .collect(),
+            )
         };
         match type_url {
-            type_url::ADDRESS => plain(&self.addresses),
-            type_url::AUTHORIZATION => plain(&self.authorizations),
-            type_url::EXTENSION_CONFIG => self
-                .plugins
-                .iter()
-                .filter(|(_, p)| p.placement.as_ref().is_none_or(|sel| sel.matches(node)))
-                .map(|(name, p)| {
-                    let d = match (&p.nodes, &p.base) {
-                        _ if let Some((sel, shadowing)) = &p.shadowing
-                            && sel.matches(node) =>
-                        {
-                            Desired::Serve(shadowing.clone())
-                        }
-                        (None, _) => Desired::Serve(p.current.clone()),
-                        (Some(sel), _) if sel.matches(node) => Desired::Serve(p.current.clone()),
-                        (Some(_), Some(base)) => Desired::Serve(base.clone()),
-                        (Some(_), None) => Desired::Keep,
-                    };
-                    (name.clone(), d)
-                })
-                .collect(),
-            _ => BTreeMap::new(),
+            type_url::ADDRESS => self
+                .offers
+                .addresses
+                .get_or_init(|| plain(&self.addresses))
+                .clone(),
+            type_url::AUTHORIZATION => self
+                .offers
+                .authorizations
+                .get_or_init(|| plain(&self.authorizations))
+                .clone(),
+            type_url::EXTENSION_CONFIG => Arc::new(
+                self.plugins
+                    .iter()
+                    .filter(|(_, p)| p.placement.as_ref().is_none_or(|sel| sel.matches(node)))
+                    .map(|(name, p)| {
+                        let d = match (&p.nodes, &p.base) {
+                            _ if let Some((sel, shadowing)) = &p.shadowing
+                                && sel.matches(node) =>
+                            {
+                                Desired::Serve(shadowing.clone())
+                            }
+                            (None, _) => Desired::Serve(p.current.clone()),
+                            (Some(sel), _) if sel.matches(node) => {
+                                Desired::Serve(p.current.clone())
+                            }
+                            (Some(_), Some(base)) => Desired::Serve(base.clone()),
+                            (Some(_), None) => Desired::Keep,
+                        };
+                        (name.clone(), d)
+                    })
+                    .collect(),
+            ),
+            _ => Arc::new(BTreeMap::new()),
         }
     }
 

@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use crate::auth::{AuthError, Authenticator, PeerAddr};
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument as _;
 use weft_proto::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryService;
@@ -17,6 +16,25 @@ use crate::ads::registry::Registry;
 
 /// Responses buffered per stream before the stream task waits for the node to read.
 const STREAM_BUFFER: usize = 16;
+
+/// What a stream's task hands the gRPC response stream: boxed, so the channel's slots (allocated a block at a time,
+/// for every stream) hold a pointer, not a response.
+pub type Outgoing = Box<Result<DeltaDiscoveryResponse, Status>>;
+
+/// The gRPC response stream of one node: what its stream task sends.
+#[derive(Debug)]
+pub struct Responses(mpsc::Receiver<Outgoing>);
+
+impl tokio_stream::Stream for Responses {
+    type Item = Result<DeltaDiscoveryResponse, Status>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx).map(|o| o.map(|b| *b))
+    }
+}
 
 /// The ADS service.
 #[derive(Debug)]
@@ -80,7 +98,7 @@ impl Ads {
 
 #[tonic::async_trait]
 impl AggregatedDiscoveryService for Ads {
-    type DeltaAggregatedResourcesStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
+    type DeltaAggregatedResourcesStream = Responses;
 
     async fn delta_aggregated_resources(
         &self,
@@ -137,6 +155,6 @@ impl AggregatedDiscoveryService for Ads {
             )
             .instrument(span),
         );
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(Responses(rx)))
     }
 }

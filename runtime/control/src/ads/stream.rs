@@ -13,7 +13,7 @@ use crate::auth::Caller;
 use prost::Message as _;
 use tokio::sync::{mpsc, watch};
 use tonic::{Status, Streaming};
-use weft_proto::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
+use weft_proto::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use weft_proto::weft::plugin::v1::RollbackReport;
 use weft_xds::server::{Answer, DeltaStream, Push, SubscriptionChange};
 
@@ -30,7 +30,10 @@ struct NodeStream {
     stream: u64,
     node: NodeKey,
     delta: DeltaStream,
-    tx: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
+    tx: mpsc::Sender<crate::ads::service::Outgoing>,
+    /// Per type, the snapshot version the node's state was last diffed against: a new snapshot in which the type
+    /// did not change since ([`Snapshot::changed_at`]) has nothing new for it.
+    diffed: BTreeMap<String, u64>,
 }
 
 /// Why a stream ended.
@@ -66,7 +69,7 @@ pub async fn run(
     caller: Caller,
     peer: Option<SocketAddr>,
     mut inbound: Streaming<DeltaDiscoveryRequest>,
-    tx: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
+    tx: mpsc::Sender<crate::ads::service::Outgoing>,
 ) {
     let refuse = |reason: &str, status: Status| {
         registry
@@ -86,10 +89,10 @@ pub async fn run(
     };
     let Some(node) = first.node.clone() else {
         let _ = tx
-            .send(Err(refuse(
+            .send(Box::new(Err(refuse(
                 "no_node",
                 Status::invalid_argument("the first request must carry node"),
-            )))
+            ))))
             .await;
         return;
     };
@@ -101,7 +104,10 @@ pub async fn run(
             "the caller's token is bound to node {bound:?}, but the stream claims node {claimed:?}"
         );
         let _ = tx
-            .send(Err(refuse("node_mismatch", Status::permission_denied(msg))))
+            .send(Box::new(Err(refuse(
+                "node_mismatch",
+                Status::permission_denied(msg),
+            ))))
             .await;
         return;
     }
@@ -129,6 +135,7 @@ pub async fn run(
         },
         delta: DeltaStream::new(),
         tx,
+        diffed: BTreeMap::new(),
     };
     let mut snapshots: watch::Receiver<Arc<Snapshot>> = publisher.subscribe();
     let end = async {
@@ -149,7 +156,12 @@ pub async fn run(
                         return Err(End::Closed("server stopping".into()));
                     }
                     let snap = snapshots.borrow_and_update().clone();
-                    let types: Vec<String> = s.delta.type_urls().map(str::to_owned).collect();
+                    let types: Vec<String> = s
+                        .delta
+                        .type_urls()
+                        .filter(|t| s.diffed.get(*t).is_none_or(|v| snap.changed_at(t) > *v))
+                        .map(str::to_owned)
+                        .collect();
                     for t in types {
                         s.push(&t, &snap, None).await?;
                     }
@@ -226,6 +238,12 @@ impl NodeStream {
         change: Option<&SubscriptionChange>,
     ) -> Result<(), End> {
         let desired = snap.desired(type_url, &self.node);
+        match self.diffed.get_mut(type_url) {
+            Some(v) => *v = snap.version,
+            None => {
+                self.diffed.insert(type_url.to_owned(), snap.version);
+            }
+        }
         let Some(Push { response, sent }) =
             self.delta
                 .respond(type_url, &desired, change, &snap.version.to_string())
@@ -241,7 +259,7 @@ impl NodeStream {
             "push"
         );
         self.tx
-            .send(Ok(response))
+            .send(Box::new(Ok(response)))
             .await
             .map_err(|_| End::Closed("the node went away".into()))
     }

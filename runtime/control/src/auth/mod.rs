@@ -19,8 +19,8 @@ use tracing::Instrument as _;
 
 pub use tls::{TlsError, server_tls_from_ca, server_tls_from_pem};
 pub use token::{
-    AuthError, AuthFlagsError, Authenticator, Caller, StaticToken, StaticTokens, bearer_token,
-    request_bearer,
+    AuthError, AuthFlagsError, Authenticator, Caller, StaticFile, StaticToken, StaticTokens,
+    bearer_token, request_bearer,
 };
 
 /// The TCP peer of a gRPC call, put in each request's extensions by [`serve`] (`req.extensions().get::<PeerAddr>()`).

@@ -3,7 +3,9 @@
 //! binding in `status.user.extra`) or by a static token file for tests and demos without Kubernetes.
 //! Shared by the reference CA (`weft-ca`) and `weft-control`, down to how their flags choose one ([`Authenticator::from_flags`]).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use http::Method;
 use serde::Deserialize;
@@ -52,11 +54,67 @@ pub struct StaticTokens {
     pub tokens: Vec<StaticToken>,
 }
 
+/// A static token file, re-read on every request (so edits apply at once) and parsed again only when its text
+/// changed: with thousands of nodes connecting, parsing a file of thousands of tokens for each would cost each
+/// stream time in proportion to the fleet.
+#[derive(Debug, Clone)]
+pub struct StaticFile {
+    path: PathBuf,
+    parsed: Arc<Mutex<Option<Parsed>>>,
+}
+
+/// The token file as last parsed.
+#[derive(Debug)]
+struct Parsed {
+    text: String,
+    by_token: HashMap<String, StaticToken>,
+}
+
+impl StaticFile {
+    /// The token file at `path`.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            parsed: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The entry of `token`, from the file as it is now.
+    async fn lookup(&self, token: &str) -> Result<StaticToken, AuthError> {
+        let text = tokio::fs::read_to_string(&self.path)
+            .await
+            .map_err(|e| AuthError::Unavailable(format!("reading {}: {e}", self.path.display())))?;
+        let unknown = || AuthError::Rejected("unknown token".into());
+        {
+            let g = self.parsed.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(p) = g.as_ref().filter(|p| p.text == text) {
+                return p.by_token.get(token).cloned().ok_or_else(unknown);
+            }
+        }
+        let file: StaticTokens = serde_yaml::from_str(&text)
+            .map_err(|e| AuthError::Unavailable(format!("parsing {}: {e}", self.path.display())))?;
+        let mut by_token = HashMap::with_capacity(file.tokens.len());
+        for t in file.tokens {
+            // The first entry of a token wins, as a scan of the file finds it.
+            by_token.entry(t.token.clone()).or_insert(t);
+        }
+        let found = by_token.get(token).cloned();
+        *self.parsed.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(Parsed { text, by_token });
+        found.ok_or_else(unknown)
+    }
+}
+
 /// How tokens are checked.
 #[derive(Debug, Clone)]
 pub enum Authenticator {
     /// A token file, re-read on every request (so edits apply at once).
-    Static(PathBuf),
+    Static(StaticFile),
     /// Kubernetes TokenReview.
     TokenReview {
         /// The API server.
@@ -91,7 +149,7 @@ impl Authenticator {
         trust_domain: &str,
     ) -> Result<Self, AuthFlagsError> {
         match (tokens, kube_api) {
-            (Some(path), _) => Ok(Self::Static(path.to_path_buf())),
+            (Some(path), _) => Ok(Self::Static(StaticFile::new(path))),
             (None, Some(url)) => Ok(Self::TokenReview {
                 api: Box::new(KubeClient::new(url, kube_ca_file, kube_token_file)?),
                 audience: audience.to_owned(),
@@ -126,18 +184,8 @@ impl Authenticator {
     /// Authenticate `token`.
     pub async fn authenticate(&self, token: &str) -> Result<Caller, AuthError> {
         match self {
-            Authenticator::Static(path) => {
-                let text = tokio::fs::read_to_string(path).await.map_err(|e| {
-                    AuthError::Unavailable(format!("reading {}: {e}", path.display()))
-                })?;
-                let file: StaticTokens = serde_yaml::from_str(&text).map_err(|e| {
-                    AuthError::Unavailable(format!("parsing {}: {e}", path.display()))
-                })?;
-                let t = file
-                    .tokens
-                    .into_iter()
-                    .find(|t| t.token == token)
-                    .ok_or_else(|| AuthError::Rejected("unknown token".into()))?;
+            Authenticator::Static(file) => {
+                let t = file.lookup(token).await?;
                 let identity = t.identity.parse().map_err(|e| {
                     AuthError::Unavailable(format!("token file identity for {}: {e}", t.node))
                 })?;
@@ -267,4 +315,54 @@ async fn pod_node(
         .pointer("/spec/nodeName")
         .and_then(|n| n.as_str())
         .map(str::to_owned))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a test panics to fail
+mod tests {
+    use super::*;
+
+    fn tokens(entries: &[(&str, &str)]) -> String {
+        let mut s = String::from("tokens:\n");
+        for (token, node) in entries {
+            s.push_str(&format!(
+                "- {{token: {token}, node: {node}, identity: spiffe://cluster.local/ns/weft-system/sa/weft}}\n"
+            ));
+        }
+        s
+    }
+
+    #[tokio::test]
+    async fn a_static_token_file_edit_applies_to_the_next_stream_even_at_the_same_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens.yaml");
+        std::fs::write(&path, tokens(&[("aaaa", "node-a"), ("bbbb", "node-b")])).unwrap();
+        let auth = Authenticator::Static(StaticFile::new(&path));
+        let a = auth.authenticate("aaaa").await.unwrap();
+        assert_eq!(a.node.as_deref(), Some("node-a"));
+        assert_eq!(
+            auth.authenticate("bbbb").await.unwrap().node.as_deref(),
+            Some("node-b")
+        );
+        assert!(matches!(
+            auth.authenticate("cccc").await,
+            Err(AuthError::Rejected(_))
+        ));
+        // Rewritten in place, same length: the file's text is what counts.
+        std::fs::write(&path, tokens(&[("cccc", "node-a"), ("bbbb", "node-b")])).unwrap();
+        assert!(matches!(
+            auth.authenticate("aaaa").await,
+            Err(AuthError::Rejected(_))
+        ));
+        assert_eq!(
+            auth.authenticate("cccc").await.unwrap().node.as_deref(),
+            Some("node-a")
+        );
+        // A file that no longer parses: unavailable, not a stale answer.
+        std::fs::write(&path, "tokens: [").unwrap();
+        assert!(matches!(
+            auth.authenticate("cccc").await,
+            Err(AuthError::Unavailable(_))
+        ));
+    }
 }

@@ -55,17 +55,14 @@ impl StoredVersion {
     /// The resource again (`None` when the stored bytes are not hex).
     pub fn resource(&self, name: &str) -> Option<Arc<Resource>> {
         let value = hex::decode(&self.value_hex).ok()?;
-        let r = Resource::new(
+        Some(Arc::new(Resource::with_version(
             name.to_owned(),
+            self.version.clone(),
             prost_types::Any {
                 type_url: self.type_url.clone(),
                 value,
             },
-        );
-        Some(Arc::new(Resource {
-            version: self.version.clone(),
-            ..r
-        }))
+        )))
     }
 }
 

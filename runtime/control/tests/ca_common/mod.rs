@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use weft_control::auth::StaticFile;
 pub use weft_control::auth::testing::{FakeKubeApi, FakeToken};
 use weft_control::ca::{Authenticator, CaService, Fault, TrustedNodeAccounts};
 use weft_identity::{CertRequest, IstioCaClient, IstioCaConfig, LocalCa, SpiffeId};
@@ -127,7 +128,7 @@ impl TestCa {
         let service = Arc::new(CaService {
             ca,
             trust_domain: "cluster.local".into(),
-            auth: auth.unwrap_or(Authenticator::Static(tokens)),
+            auth: auth.unwrap_or(Authenticator::Static(StaticFile::new(tokens))),
             trusted_node_accounts: trusted,
             workloads,
             default_validity: Duration::from_secs(3600),

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use weft_control::ads::{ControlConfig, Running};
-use weft_control::auth::Authenticator;
+use weft_control::auth::{Authenticator, StaticFile};
 #[allow(unused_imports)] // not every test binary waits
 pub use weft_testkit::until;
 
@@ -69,7 +69,7 @@ impl Env {
         ControlConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
             tls,
-            auth: Authenticator::Static(self.path("tokens.yaml")),
+            auth: Authenticator::Static(StaticFile::new(self.path("tokens.yaml"))),
             node_accounts: Vec::new(),
             mesh: Some(self.path("mesh.yaml")),
             plugins_dir: Some(self.path("plugins")),

@@ -95,14 +95,14 @@ impl DeltaStream {
         system_version_info: &str,
     ) -> Option<Push> {
         let ts = self.types.get_mut(type_url)?;
-        let (resources, removed) = ts.diff(offered, change);
+        let (resources, ids, removed) = ts.diff(offered, change);
         let force = change.is_some_and(|c| c.initial);
         if resources.is_empty() && removed.is_empty() && !force {
             return None;
         }
         self.nonce += 1;
         let nonce = self.nonce;
-        let sent = ts.record(nonce, &resources, removed.clone());
+        let sent = ts.record(nonce, &resources, ids, removed.clone());
         Some(Push {
             response: DeltaDiscoveryResponse {
                 system_version_info: system_version_info.to_owned(),

@@ -9,6 +9,12 @@ pub trait ServedResource {
     fn version(&self) -> &str;
     /// The resource.
     fn body(&self) -> &prost_types::Any;
+    /// Its name (the key it is offered under) and version as shared strings: what a stream keeps of every resource
+    /// its node has. A resource that holds them shared (allocated once, however many streams send it) saves every
+    /// stream its own copies; by default they are allocated.
+    fn ids(&self, name: &str) -> (Arc<str>, Arc<str>) {
+        (Arc::from(name), Arc::from(self.version()))
+    }
 }
 
 impl<T: ServedResource + ?Sized> ServedResource for Arc<T> {
@@ -18,6 +24,9 @@ impl<T: ServedResource + ?Sized> ServedResource for Arc<T> {
     fn body(&self) -> &prost_types::Any {
         (**self).body()
     }
+    fn ids(&self, name: &str) -> (Arc<str>, Arc<str>) {
+        (**self).ids(name)
+    }
 }
 
 impl<T: ServedResource + ?Sized> ServedResource for &T {
@@ -26,6 +35,9 @@ impl<T: ServedResource + ?Sized> ServedResource for &T {
     }
     fn body(&self) -> &prost_types::Any {
         (**self).body()
+    }
+    fn ids(&self, name: &str) -> (Arc<str>, Arc<str>) {
+        (**self).ids(name)
     }
 }
 

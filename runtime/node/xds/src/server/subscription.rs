@@ -2,10 +2,14 @@
 //! not answered; applying a request's subscription change and matching its ACK or NACK.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use weft_proto::envoy::service::discovery::v3::{DeltaDiscoveryRequest, Resource as WireResource};
 
 use super::MAX_PENDING;
+
+/// A resource's name and version as shared strings ([`super::ServedResource::ids`]).
+pub(super) type Ids = (Arc<str>, Arc<str>);
 
 /// What a response carried, kept until the node answers it.
 #[derive(Debug, Clone)]
@@ -66,8 +70,9 @@ pub struct SubscriptionChange {
 pub struct TypeSubscription {
     wildcard: bool,
     names: BTreeSet<String>,
-    /// What the node has (or was sent): name → version.
-    sent: HashMap<String, String>,
+    /// What the node has (or was sent): name → version, as the resources' shared strings (see
+    /// [`super::ServedResource::ids`]): with thousands of streams, one copy of each name and version.
+    sent: HashMap<Arc<str>, Arc<str>>,
     /// Responses not yet answered, by nonce.
     pending: BTreeMap<u64, Sent>,
 }
@@ -85,7 +90,7 @@ impl TypeSubscription {
 
     /// The version of `name` the node has (was sent, or said it had on connect).
     pub fn has(&self, name: &str) -> Option<&str> {
-        self.sent.get(name).map(String::as_str)
+        self.sent.get(name).map(|v| &**v)
     }
 
     /// Responses sent and not yet answered (at most [`MAX_PENDING`]).
@@ -141,7 +146,7 @@ impl TypeSubscription {
             self.sent = req
                 .initial_resource_versions
                 .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
+                .map(|(k, v)| (Arc::from(k.as_str()), Arc::from(v.as_str())))
                 .collect();
         } else {
             for n in &req.resource_names_subscribe {
@@ -156,7 +161,7 @@ impl TypeSubscription {
                     self.wildcard = false;
                 } else {
                     self.names.remove(n);
-                    self.sent.remove(n);
+                    self.sent.remove(n.as_str());
                 }
             }
         }
@@ -169,19 +174,27 @@ impl TypeSubscription {
         })
     }
 
-    /// What differs between `offered` (within the subscription) and what the node has: the resources to send and
-    /// the names to remove (sorted), including names just subscribed that are not offered.
+    /// What differs between `offered` (within the subscription) and what the node has: the resources to send (with
+    /// their shared name and version, for [`TypeSubscription::record`]) and the names to remove (sorted), including
+    /// names just subscribed that are not offered.
     pub(super) fn diff<R: super::ServedResource>(
         &self,
         offered: &BTreeMap<String, super::Offered<R>>,
         change: Option<&SubscriptionChange>,
-    ) -> (Vec<WireResource>, Vec<String>) {
+    ) -> (Vec<WireResource>, Vec<Ids>, Vec<String>) {
         let in_scope = |name: &str| offered.contains_key(name) && self.wants(name);
         let mut resources = Vec::new();
+        let mut ids = Vec::new();
+        // What the node has of the names in scope: when that is all it has, nothing is to be removed.
+        let mut held_in_scope = 0;
         for (name, o) in offered {
+            if !self.wants(name) {
+                continue;
+            }
+            let has = self.sent.get(name.as_str());
+            held_in_scope += usize::from(has.is_some());
             if let super::Offered::Serve(r) = o
-                && self.wants(name)
-                && self.sent.get(name).map(String::as_str) != Some(r.version())
+                && has.map(|v| &**v) != Some(r.version())
             {
                 resources.push(WireResource {
                     version: r.version().to_owned(),
@@ -189,16 +202,25 @@ impl TypeSubscription {
                     name: name.clone(),
                     ..Default::default()
                 });
+                ids.push(r.ids(name));
             }
         }
-        let mut removed: Vec<String> = self.sent.keys().filter(|n| !in_scope(n)).cloned().collect();
+        let mut removed: Vec<String> = if held_in_scope == self.sent.len() {
+            Vec::new()
+        } else {
+            self.sent
+                .keys()
+                .filter(|n| !in_scope(n))
+                .map(|n| n.to_string())
+                .collect()
+        };
         for n in change.map_or(&[][..], |c| &c.newly_named) {
             if !in_scope(n) && !removed.contains(n) {
                 removed.push(n.clone());
             }
         }
         removed.sort();
-        (resources, removed)
+        (resources, ids, removed)
     }
 
     /// Note a response (nonce `nonce`) as sent: the node now has its resources and not its removals, and it is
@@ -207,13 +229,12 @@ impl TypeSubscription {
         &mut self,
         nonce: u64,
         resources: &[WireResource],
+        ids: Vec<Ids>,
         removed: Vec<String>,
     ) -> Sent {
-        for r in resources {
-            self.sent.insert(r.name.clone(), r.version.clone());
-        }
+        self.sent.extend(ids);
         for n in &removed {
-            self.sent.remove(n);
+            self.sent.remove(n.as_str());
         }
         let sent = Sent {
             resources: resources
