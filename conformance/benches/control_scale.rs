@@ -11,6 +11,7 @@
 //!   most BENCH_CONNECTING (default 256) nodes connecting at once (a fleet coming up, not a stampede);
 //! - memory: weft-control's RSS and RssAnon (`/proc/<pid>/status`) before any node and with N connected, and the
 //!   difference per connected node (target ≤ 100 KiB);
+//! - quiet: weft-control's CPU with every node connected and no change, over 5 s;
 //! - edits: BENCH_EDITS edits (default 10; alternately a policy in the mesh file and a plugin's configuration, each
 //!   an atomic file write), and for each the time from the write until each node's stream received it: p50, p99
 //!   and max over nodes (target p99 ≤ 1 s). The time includes weft-control's file poll (`--poll 20ms`; a plugin
@@ -21,11 +22,17 @@
 //! `BENCH_FULL=1`; otherwise a smoke run (50 nodes, 2 edits) that asserts every node got its initial state and
 //! every edit, and judges no figure:
 //!   cargo build --profile quick-release -p weft-control
-//!   WEFT_CONTROL_BIN=target/quick-release/weft-control BENCH_FULL=1 cargo test --release -p weft-conformance \
-//!     --bench control_scale -- --nocapture
+//!   WEFT_CONTROL_BIN=$PWD/target/quick-release/weft-control BENCH_FULL=1 cargo test -p weft-conformance \
+//!     --bench control_scale --config 'profile.dev.package.weft-conformance.opt-level=3' \
+//!     --config 'profile.dev.package.weft-xds.opt-level=3' -- --nocapture
 //!   cargo test -p weft-conformance --bench control_scale          # the smoke run, as CI runs it
+//! (the load generator shares the machine: an unoptimized weft-xds client costs it twice the CPU).
 //!
 //! The plugin stream can be left out (BENCH_PLUGIN_STREAM=0: one stream per node, the mesh source only).
+//! BENCH_REPLICAS=2 runs two weft-control replicas in kube mode (`--plugins-from-kube`, leader election) against
+//! the API-server stand-in (`weft-kubeapi`, in this process): the WeftPlugins are resources of the root namespace,
+//! a plugin edit an update of one, the nodes split between the replicas (memory and CPU are the replicas' sums).
+//! Sizes: BENCH_WORKLOADS (200), BENCH_SERVICES (50), BENCH_POLICIES (150), BENCH_PLUGINS (50).
 #![allow(clippy::unwrap_used)] // a bench panics to fail
 
 use std::net::SocketAddr;
@@ -54,6 +61,9 @@ struct Sizes {
     policies: usize,
     /// WeftPlugins (the edited one included).
     plugins: usize,
+    /// 1: one weft-control serving files; more: replicas in kube mode against the API-server stand-in, the nodes
+    /// split between them.
+    replicas: usize,
 }
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -77,6 +87,7 @@ impl Sizes {
             services: env_usize("BENCH_SERVICES", 50),
             policies: env_usize("BENCH_POLICIES", 150).max(1),
             plugins: env_usize("BENCH_PLUGINS", 50).max(1),
+            replicas: env_usize("BENCH_REPLICAS", 1).max(1),
         }
     }
 }
@@ -168,6 +179,14 @@ fn plugin_yaml(i: usize, marker: usize) -> String {
     )
 }
 
+/// The same plugin as a WeftPlugin resource of the root namespace (mesh-wide), for the replicas in kube mode.
+fn plugin_object(i: usize, marker: usize) -> serde_json::Value {
+    let doc: serde_json::Value = serde_yaml::from_str(&plugin_yaml(i, marker)).unwrap();
+    let mut o = doc;
+    o["metadata"]["namespace"] = "istio-system".into();
+    o
+}
+
 fn put(path: &Path, text: &str) {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, text).unwrap();
@@ -250,8 +269,18 @@ fn memory(pid: u32) -> (u64, u64) {
     (field("VmRSS:"), field("RssAnon:"))
 }
 
-/// weft-control's CPU time so far (user + system).
-fn cpu(pid: u32) -> Duration {
+/// The machine's load average over the last minute (other work on it slows every figure but the CPU times).
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .next()
+        .unwrap_or("?")
+        .to_owned()
+}
+
+/// A process's CPU time so far (user + system): weft-control's, or the load generator's own (`self`).
+fn cpu(pid: impl std::fmt::Display) -> Duration {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // After the command's closing parenthesis: state is field 3, utime 14, stime 15.
     let rest = text.rsplit_once(')').map_or("", |(_, r)| r);
@@ -272,11 +301,14 @@ async fn server_acks(metrics: SocketAddr) -> u64 {
         .sum::<f64>() as u64
 }
 
-/// Wait (polling its `/metrics`) until weft-control counted at least `n` ACKs.
-async fn until_acks(metrics: SocketAddr, n: u64, within: Duration) -> u64 {
+/// Wait (polling their `/metrics`) until the replicas counted at least `n` ACKs between them.
+async fn until_acks(metrics: &[SocketAddr], n: u64, within: Duration) -> u64 {
     let start = Instant::now();
     loop {
-        let got = server_acks(metrics).await;
+        let mut got = 0;
+        for m in metrics {
+            got += server_acks(*m).await;
+        }
         if got >= n || start.elapsed() > within {
             return got;
         }
@@ -375,29 +407,71 @@ async fn run(s: Sizes, streams_per_node: usize) {
     for i in 0..s.plugins {
         std::fs::write(plugins.join(format!("plugin-{i}.yaml")), plugin_yaml(i, 0)).unwrap();
     }
-    let addr = free_port().unwrap();
-    let metrics = free_port().unwrap();
-    let mut args = Control::args(addr, &ca, &tokens, &mesh_file, Some(&plugins), None);
-    let at = args.iter().position(|a| a == "--metrics").unwrap();
-    args[at + 1] = metrics.to_string();
-    let control = Control::with_args(
-        &weft_devmesh::control_binary().unwrap(),
-        addr,
-        args,
-        &dir.path().join("control.log"),
-    )
-    .unwrap();
-    let pid = control.pid().unwrap();
-    // Ready: its metrics endpoint answers (bound after the sources loaded, before the gRPC listener).
-    weft_conformance::eventually(Duration::from_secs(60), "weft-control serving", || async {
-        let ok = weft_devmesh::http::get(metrics, "/metrics")
-            .await
-            .is_ok_and(|(st, _)| st == 200);
-        let grpc = tokio::net::TcpStream::connect(addr).await.is_ok();
-        (ok && grpc).then_some(())
-    })
-    .await;
-    let idle = memory(pid);
+    // Kube mode: the WeftPlugins are resources of the API-server stand-in, watched by every replica.
+    let api = if s.replicas > 1 {
+        let api = weft_kubeapi::ApiServer::start().await.unwrap();
+        for i in 0..s.plugins {
+            api.apply(plugin_object(i, 0)).unwrap();
+        }
+        Some(api)
+    } else {
+        None
+    };
+    let mut controls = Vec::new();
+    for r in 0..s.replicas {
+        let addr = free_port().unwrap();
+        let metrics = free_port().unwrap();
+        let mut args = Control::args(
+            addr,
+            &ca,
+            &tokens,
+            &mesh_file,
+            api.is_none().then_some(plugins.as_path()),
+            None,
+        );
+        let at = args.iter().position(|a| a == "--metrics").unwrap();
+        args[at + 1] = metrics.to_string();
+        if let Some(api) = &api {
+            args.extend(
+                [
+                    "--kube-api",
+                    &api.url(),
+                    "--plugins-from-kube",
+                    "--namespace",
+                    "weft-system",
+                    "--replica",
+                    &format!("weft-control-{r}"),
+                ]
+                .map(str::to_owned),
+            );
+        }
+        let control = Control::with_args(
+            &weft_devmesh::control_binary().unwrap(),
+            addr,
+            args,
+            &dir.path().join(format!("control-{r}.log")),
+        )
+        .unwrap();
+        // Ready: its metrics endpoint answers (bound after the sources loaded, before the gRPC listener).
+        weft_conformance::eventually(Duration::from_secs(60), "weft-control serving", || async {
+            let ok = weft_devmesh::http::get(metrics, "/metrics")
+                .await
+                .is_ok_and(|(st, _)| st == 200);
+            let grpc = tokio::net::TcpStream::connect(addr).await.is_ok();
+            (ok && grpc).then_some(())
+        })
+        .await;
+        controls.push((control, addr, metrics));
+    }
+    let pids: Vec<u32> = controls.iter().map(|c| c.0.pid().unwrap()).collect();
+    let metrics: Vec<SocketAddr> = controls.iter().map(|c| c.2).collect();
+    let memory_all = || {
+        pids.iter()
+            .map(|p| memory(*p))
+            .fold((0, 0), |a, m| (a.0 + m.0, a.1 + m.1))
+    };
+    let cpu_all = || pids.iter().map(cpu).sum::<Duration>();
+    let idle = memory_all();
 
     let shared = Arc::new(Shared {
         watch: Mutex::new(None),
@@ -406,8 +480,17 @@ async fn run(s: Sizes, streams_per_node: usize) {
 
     // Connect: at most `connecting` nodes at once, each counted once every source is synced.
     println!(
-        "weft-control at scale ({}): {} nodes × {} stream(s) (mesh{}), {} workloads, {} services, {} policies, {} plugins",
+        "weft-control at scale ({}, {} cores, load {}): {} replica(s){}, {} nodes × {} stream(s) (mesh{}), {} \
+         workloads, {} services, {} policies, {} plugins",
         if s.full { "full" } else { "smoke" },
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        loadavg(),
+        s.replicas,
+        if s.replicas > 1 {
+            " (kube mode, WeftPlugins from the API-server stand-in)"
+        } else {
+            " (file mode)"
+        },
         s.nodes,
         streams_per_node,
         if s.plugin_stream { " + plugins" } else { "" },
@@ -416,7 +499,8 @@ async fn run(s: Sizes, streams_per_node: usize) {
         s.policies,
         s.plugins
     );
-    let cpu0 = cpu(pid);
+    let cpu0 = cpu_all();
+    let gen0 = cpu("self");
     let start = Instant::now();
     let gate = Arc::new(tokio::sync::Semaphore::new(s.connecting));
     let mut handles: Vec<XdsHandle> = Vec::with_capacity(s.nodes * streams_per_node);
@@ -428,7 +512,7 @@ async fn run(s: Sizes, streams_per_node: usize) {
             .unwrap();
         let hs = start_node(
             i,
-            addr,
+            controls[i % controls.len()].1,
             &root,
             dir.path().join(format!("node-{i}.token")),
             s.plugin_stream,
@@ -453,7 +537,8 @@ async fn run(s: Sizes, streams_per_node: usize) {
         last = last.max(t);
     }
     let connect = last - start;
-    let cpu_connect = cpu(pid) - cpu0;
+    let cpu_connect = cpu_all() - cpu0;
+    let gen_connect = cpu("self") - gen0;
     let want = [
         s.workloads + s.services + s.policies,
         if s.plugin_stream { s.plugins } else { 0 },
@@ -468,32 +553,46 @@ async fn run(s: Sizes, streams_per_node: usize) {
         }
     }
     let acks_connected = until_acks(
-        metrics,
+        &metrics,
         (s.nodes * if s.plugin_stream { 3 } else { 2 }) as u64,
         Duration::from_secs(60),
     )
     .await;
-    let connected = memory(pid);
+    let connected = memory_all();
     println!(
         "connect: {} nodes connected and synced in {:.2?} ({:.0} nodes/s, at most {} connecting at once); \
-         weft-control CPU {:.2?}",
+         weft-control CPU {:.2?}, load generator CPU {:.2?}",
         s.nodes,
         connect,
         s.nodes as f64 / connect.as_secs_f64(),
         s.connecting,
-        cpu_connect
+        cpu_connect,
+        gen_connect
     );
     let per_node = |a: u64, b: u64| (b.saturating_sub(a)) as f64 / s.nodes as f64;
     println!(
-        "memory: weft-control RSS {} idle -> {} with {} nodes: {:.1} KiB per node (RssAnon {} -> {}: {:.1} KiB \
-         per node; target ≤ 100 KiB)",
+        "memory: weft-control RSS (all replicas) {} idle -> {} with {} nodes: {:.1} KiB per node, {:.1} KiB per stream (RssAnon \
+         {} -> {}: {:.1} KiB per node; target ≤ 100 KiB per node)",
         kib(idle.0),
         kib(connected.0),
         s.nodes,
         per_node(idle.0, connected.0),
+        per_node(idle.0, connected.0) / streams_per_node as f64,
         kib(idle.1),
         kib(connected.1),
         per_node(idle.1, connected.1),
+    );
+
+    // Quiet: weft-control's CPU with every node connected and nothing changing (its polls of the sources; in kube
+    // mode also the replicas' reports and the leader's status loop), over a measurement window.
+    let window = Duration::from_secs(if s.full { 5 } else { 1 });
+    let q0 = cpu_all();
+    tokio::time::sleep(window).await;
+    println!(
+        "quiet: weft-control CPU {:.1} % of a core with {} nodes connected and no change ({:.0?} window)",
+        (cpu_all() - q0).as_secs_f64() / window.as_secs_f64() * 100.0,
+        s.nodes,
+        window
     );
 
     // Edits: alternately the policy and the plugin, each waited for on every node.
@@ -511,12 +610,15 @@ async fn run(s: Sizes, streams_per_node: usize) {
             done: tokio::sync::Notify::new(),
         });
         *shared.watch.lock().unwrap() = Some(w.clone());
-        let c0 = cpu(pid);
+        let c0 = cpu_all();
+        let g0 = cpu("self");
         let t0 = Instant::now();
-        if kind == 0 {
-            put(&mesh_file, &mesh_yaml(&s, e));
-        } else {
-            put(&plugins.join("plugin-0.yaml"), &plugin_yaml(0, e));
+        match (kind, &api) {
+            (0, _) => put(&mesh_file, &mesh_yaml(&s, e)),
+            (_, Some(api)) => {
+                api.apply(plugin_object(0, e)).unwrap();
+            }
+            (_, None) => put(&plugins.join("plugin-0.yaml"), &plugin_yaml(0, e)),
         }
         let wait = async {
             while w.remaining.load(Ordering::Acquire) > 0 {
@@ -541,8 +643,9 @@ async fn run(s: Sizes, streams_per_node: usize) {
             );
         }
         // Settled: weft-control counted every node's ACK of it (one per node: the edited type only).
-        acks = until_acks(metrics, acks + s.nodes as u64, Duration::from_secs(60)).await;
-        let c = cpu(pid) - c0;
+        acks = until_acks(&metrics, acks + s.nodes as u64, Duration::from_secs(60)).await;
+        let c = cpu_all() - c0;
+        let g = cpu("self") - g0;
         let mut v: Vec<Duration> = w
             .times
             .iter()
@@ -550,12 +653,15 @@ async fn run(s: Sizes, streams_per_node: usize) {
             .collect();
         v.sort();
         println!(
-            "edit {e:>2} ({:<6}): p50 {:>9.2?}  p99 {:>9.2?}  max {:>9.2?}  weft-control CPU {:>9.2?}",
+            "edit {e:>2} ({:<6}): p50 {:>9.2?}  p99 {:>9.2?}  max {:>9.2?}  weft-control CPU {:>9.2?}  \
+             load generator CPU {:>9.2?}  load {}",
             ["policy", "plugin"][kind],
             pct(&v, 0.5),
             pct(&v, 0.99),
             v[v.len() - 1],
-            c
+            c,
+            g,
+            loadavg()
         );
         p99s[kind].push(pct(&v, 0.99));
         cpus[kind].push(c);
@@ -584,7 +690,7 @@ async fn run(s: Sizes, streams_per_node: usize) {
             cpu_sum / p.len() as u32,
         );
     }
-    let after = memory(pid);
+    let after = memory_all();
     println!(
         "memory after the edits: RSS {} ({:.1} KiB per node over idle), RssAnon {}",
         kib(after.0),
@@ -594,5 +700,5 @@ async fn run(s: Sizes, streams_per_node: usize) {
     for h in &handles {
         h.stop();
     }
-    drop(control);
+    drop(controls);
 }
