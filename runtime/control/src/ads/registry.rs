@@ -456,6 +456,14 @@ impl Registry {
         lock(&self.nodes).values().cloned().collect()
     }
 
+    /// Look at every connected node's record in turn, under the registry's lock (no copy of the records, which
+    /// with thousands of nodes costs more than what is read from them; `f` must not call back into the registry).
+    pub fn visit(&self, mut f: impl FnMut(&NodeRecord)) {
+        for r in lock(&self.nodes).values() {
+            f(r);
+        }
+    }
+
     /// How many connected nodes ACKed `version` of `name` (of `type_url`).
     pub fn acked_count(&self, type_url: &str, name: &str, version: &str) -> usize {
         lock(&self.nodes)

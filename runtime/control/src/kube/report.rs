@@ -80,7 +80,7 @@ pub fn of_registry(
     counted: &std::collections::BTreeSet<String>,
 ) -> Report {
     let mut nodes: BTreeMap<String, NodeReport> = BTreeMap::new();
-    for n in registry.nodes() {
+    registry.visit(|n| {
         let r = nodes.entry(n.name.clone()).or_default();
         if let Some(t) = n.types.get(type_url::EXTENSION_CONFIG) {
             r.plugins
@@ -108,7 +108,7 @@ pub fn of_registry(
             ),
             at: r.at.clone(),
         }));
-    }
+    });
     Report {
         replica: replica.to_owned(),
         updated_at: String::new(),

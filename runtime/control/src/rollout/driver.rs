@@ -186,7 +186,7 @@ impl Rollouts {
             if g.zones.0 != Some(mesh.0) {
                 g.zones = (Some(mesh.0), Fleet::zones(mesh.1));
             }
-            Fleet::of(&self.registry.nodes(), &g.zones.1)
+            Fleet::of_registry(&self.registry, &g.zones.1)
         } else {
             Fleet::default()
         };

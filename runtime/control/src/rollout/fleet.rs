@@ -48,27 +48,42 @@ pub struct Fleet {
 impl Fleet {
     /// The fleet of these streams (only those subscribed to plugins), with the zone of each node name.
     pub fn of(records: &[NodeRecord], zones: &BTreeMap<String, String>) -> Self {
-        let mut nodes: BTreeMap<String, NodeView> = BTreeMap::new();
+        let mut fleet = Self::default();
         for r in records {
-            let Some(t) = r.types.get(type_url::EXTENSION_CONFIG) else {
-                continue;
-            };
-            let v = nodes.entry(r.name.clone()).or_default();
-            v.zone = zones.get(&r.name).cloned().unwrap_or_default();
-            v.acked.extend(t.acked.clone());
-            v.nacked.extend(t.nacked.clone());
-            v.rollbacks.extend(r.rollbacks.iter().map(|rb| RolledBack {
-                plugin: rb.plugin.clone(),
-                sha256: rb.rolled_back_sha256.clone(),
-                summary: format!(
-                    "{} of {} calls failed ({} traps, {} timeouts) in {:.1}s",
-                    rb.failures, rb.calls, rb.traps, rb.timeouts, rb.after_seconds
-                ),
-            }));
-            v.shadows.extend(r.shadows.clone());
-            v.counts.extend(r.counts.clone());
+            fleet.add(r, zones);
         }
-        Self { nodes }
+        fleet
+    }
+
+    /// The fleet of the registry's streams, read in place.
+    pub fn of_registry(
+        registry: &crate::ads::registry::Registry,
+        zones: &BTreeMap<String, String>,
+    ) -> Self {
+        let mut fleet = Self::default();
+        registry.visit(|r| fleet.add(r, zones));
+        fleet
+    }
+
+    /// Merge one stream into its node (a stream not subscribed to plugins adds nothing).
+    fn add(&mut self, r: &NodeRecord, zones: &BTreeMap<String, String>) {
+        let Some(t) = r.types.get(type_url::EXTENSION_CONFIG) else {
+            return;
+        };
+        let v = self.nodes.entry(r.name.clone()).or_default();
+        v.zone = zones.get(&r.name).cloned().unwrap_or_default();
+        v.acked.extend(t.acked.clone());
+        v.nacked.extend(t.nacked.clone());
+        v.rollbacks.extend(r.rollbacks.iter().map(|rb| RolledBack {
+            plugin: rb.plugin.clone(),
+            sha256: rb.rolled_back_sha256.clone(),
+            summary: format!(
+                "{} of {} calls failed ({} traps, {} timeouts) in {:.1}s",
+                rb.failures, rb.calls, rb.traps, rb.timeouts, rb.after_seconds
+            ),
+        }));
+        v.shadows.extend(r.shadows.clone());
+        v.counts.extend(r.counts.clone());
     }
 
     /// The fleet as the replicas' reports give it: every replica's nodes, what the WeftPlugin controller's leader
