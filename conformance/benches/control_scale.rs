@@ -583,6 +583,32 @@ async fn run(s: Sizes, streams_per_node: usize) {
         per_node(idle.1, connected.1),
     );
 
+    // Kube mode: each replica's report of its nodes (a ConfigMap the leader reads), once it lists them all.
+    if let Some(api) = &api {
+        for r in 0..s.replicas {
+            let name = format!("weft-control-report-weft-control-{r}");
+            let size = weft_conformance::eventually(
+                Duration::from_secs(60),
+                "every replica's report lists its nodes",
+                || async {
+                    let cm = api.get(weft_kubeapi::Resource::ConfigMap, "weft-system", &name)?;
+                    let text = cm["data"]["report.json"].as_str()?;
+                    let listed = serde_json::from_str::<serde_json::Value>(text).ok()?["nodes"]
+                        .as_object()?
+                        .len();
+                    (listed >= s.nodes / s.replicas).then_some((text.len(), listed))
+                },
+            )
+            .await;
+            println!(
+                "report: {name} lists {} nodes in {:.1} KiB ({:.2} KiB per node; a ConfigMap holds at most 1 MiB)",
+                size.1,
+                size.0 as f64 / 1024.0,
+                size.0 as f64 / 1024.0 / size.1.max(1) as f64
+            );
+        }
+    }
+
     // Quiet: weft-control's CPU with every node connected and nothing changing (its polls of the sources; in kube
     // mode also the replicas' reports and the leader's status loop), over a measurement window.
     let window = Duration::from_secs(if s.full { 5 } else { 1 });
