@@ -102,12 +102,15 @@ type Job = Box<dyn FnOnce(io::Result<()>) + Send>;
 
 /// The one thread that enters pods' network namespaces to create their sockets (and write their sysctls), for
 /// every pod of the node: a job names its namespace, the thread `setns`es into it unless it is there already, runs
-/// the job, and goes back to weft's own namespace when no job is waiting, so it never keeps a deleted pod's
-/// namespace alive. A pod costs no thread of its own (ztunnel's model: it enters the pod's namespace on the
+/// the job, and goes back to weft's own namespace when no job has come for [`HOME_AFTER`], so it does not keep a
+/// deleted pod's namespace alive. A pod costs no thread of its own (ztunnel's model: it enters the pod's namespace on the
 /// thread that needs a socket, and back), and no tokio worker ever calls `setns`.
 struct Worker {
     jobs: mpsc::Sender<(Arc<Netns>, Job)>,
 }
+
+/// How long the namespace thread waits for another job before it returns to weft's own namespace.
+const HOME_AFTER: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Stack of the namespace thread: it only creates sockets and writes sysctls.
 const STACK: usize = 128 * 1024;
@@ -157,10 +160,12 @@ impl Worker {
             // reply channel dropped.
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(entered)));
             drop(netns);
-            next = match rx.try_recv() {
+            // The next job; with none for a while, back to weft's own namespace first (not after every job: a pod
+            // taking connections one after another would pay two more `setns` each).
+            next = match rx.recv_timeout(HOME_AFTER) {
                 Ok(j) => Some(j),
-                Err(mpsc::TryRecvError::Disconnected) => None,
-                Err(mpsc::TryRecvError::Empty) => {
+                Err(mpsc::RecvTimeoutError::Disconnected) => None,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
                     if current.is_some() {
                         if let Err(e) = move_into_link_name_space(
                             home.as_fd(),

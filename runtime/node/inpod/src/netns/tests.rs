@@ -71,7 +71,7 @@ fn worker_netns() -> String {
 
 /// One thread serves every pod: jobs for two pods, interleaved, each run in their own pod's namespace (a
 /// listener on one port in each, each reached only from its own pod's sockets); a job that panics leaves the
-/// thread serving; and once no job waits the thread is back in weft's own namespace, so it keeps no deleted pod's
+/// thread serving; and once no job has come for a while the thread is back in weft's own namespace, so it keeps no deleted pod's
 /// namespace alive.
 #[tokio::test]
 async fn one_thread_serves_every_pod_and_goes_home_when_idle() {
