@@ -92,22 +92,6 @@ impl Sizes {
     }
 }
 
-/// RLIMIT_NOFILE raised to `n` (or as far as the hard limit allows); returns the soft limit now.
-fn raise_nofile(n: u64) -> u64 {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
-        return 1024;
-    };
-    if soft >= n {
-        return soft;
-    }
-    if setrlimit(Resource::RLIMIT_NOFILE, n, n.max(hard)).is_ok() {
-        return n;
-    }
-    let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
-    getrlimit(Resource::RLIMIT_NOFILE).map_or(soft, |(s, _)| s)
-}
-
 /// The mesh file: workloads spread over the nodes, services, and policies (the edited one says `mark-<marker>`).
 fn mesh_yaml(s: &Sizes, marker: usize) -> String {
     let mut y = String::from("workloads:\n");
@@ -380,7 +364,7 @@ fn main() {
     let streams_per_node = if s.plugin_stream { 2 } else { 1 };
     let streams = s.nodes * streams_per_node;
     // Both ends of every stream are on this machine: the bench's and weft-control's (which inherits the limit).
-    let nofile = raise_nofile((streams as u64 * 2 + 4096).max(65_536));
+    let nofile = weft_conformance::load::raise_nofile((streams as u64 * 2 + 4096).max(65_536));
     assert!(
         nofile >= streams as u64 + 1024,
         "open-file limit {nofile} is too low for {streams} streams (raise it: ulimit -n)"

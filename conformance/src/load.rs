@@ -1,5 +1,6 @@
-//! Load for benchmarks: a one-byte request/response server (keep-alive), a one-shot server that closes first, and
-//! a connection-rate client that counts successes and failures in a time window.
+//! Load for benchmarks: a one-byte request/response server (keep-alive), a one-shot server that closes first, a
+//! connection-rate client that counts successes and failures in a time window, and the open-file limit a bench
+//! holding many connections needs.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -81,4 +82,32 @@ pub async fn conn_rate(
         }
     }
     (ok, failed, start.elapsed().as_secs_f64())
+}
+
+/// Raises this process's open-file limit (soft and hard) to at least `n` if it is lower (children inherit it) and
+/// returns the soft limit in force. Raising the hard limit needs `CAP_SYS_RESOURCE`; without it the soft limit goes
+/// as far as the hard one.
+pub fn raise_nofile(n: u64) -> u64 {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let now = getrlimit(Resource::Nofile);
+    let soft = now.current.unwrap_or(u64::MAX);
+    if soft >= n {
+        return soft;
+    }
+    let hard = now.maximum;
+    let want = Rlimit {
+        current: Some(n),
+        maximum: Some(hard.map_or(n, |h| h.max(n))),
+    };
+    if setrlimit(Resource::Nofile, want).is_ok() {
+        return n;
+    }
+    let _ = setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: hard,
+            maximum: hard,
+        },
+    );
+    getrlimit(Resource::Nofile).current.unwrap_or(soft)
 }

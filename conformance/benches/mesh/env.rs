@@ -70,28 +70,10 @@ pub(crate) fn wanted(name: &str) -> bool {
     std::env::var("BENCH_PAIRS").map_or(true, |v| v.split(',').any(|p| p.trim() == name))
 }
 
-/// Raises this process's open-file limit (soft and hard) to at least `n` if it is lower (children, the proxies and
-/// the servers, inherit it); returns the soft limit in force.
-fn raise_nofile(n: u64) -> u64 {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
-        return 1024;
-    };
-    if soft >= n {
-        return soft;
-    }
-    // Root (CAP_SYS_RESOURCE) may raise the hard limit; otherwise go as far as it.
-    if setrlimit(Resource::RLIMIT_NOFILE, n, n.max(hard)).is_ok() {
-        return n;
-    }
-    let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
-    getrlimit(Resource::RLIMIT_NOFILE).map_or(soft, |(s, _)| s)
-}
-
 /// Raises the open-file limit for holding `idle` idle connections (and everything else a run opens) and returns
 /// how many it can hold: `idle`, or fewer (said on stdout) when the limit cannot go high enough.
 pub(crate) fn idle_that_fits(idle: usize) -> usize {
-    let nofile = raise_nofile((idle as u64 * 4).max(65_536));
+    let nofile = weft_conformance::load::raise_nofile((idle as u64 * 4).max(65_536));
     if idle as u64 + 4096 > nofile {
         let fit = nofile.saturating_sub(4096) as usize;
         println!(
