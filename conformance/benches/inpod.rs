@@ -48,7 +48,6 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use weft_conformance::inpodpair::{InpodPair, MAX_SPARES, PairOptions, ProxyKind};
-use weft_conformance::load::conn_rate;
 use weft_conformance::ztunnel::ztunnel_binary;
 use weft_devmesh::netns::Netns;
 
@@ -190,15 +189,7 @@ async fn main() {
     }
     // Warm every path up once (certificates, pooled HBONE connections, plugin instances).
     for p in &pairs {
-        let ip = p.server_ip;
-        let (_, failed, _) = p.in_a(move || {
-            conn_rate(
-                SocketAddr::from((ip, CLOSE)),
-                false,
-                Duration::from_millis(300),
-                4,
-            )
-        });
+        let failed = p.warm_up();
         if failed > 0 {
             let s = &started[p.running.unwrap()].pair;
             panic!(

@@ -72,8 +72,6 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use weft_conformance::load::conn_rate;
-
 #[path = "mesh/env.rs"]
 mod env;
 #[path = "mesh/output.rs"]
@@ -189,15 +187,7 @@ async fn main() {
     }
     // Warm every path up once (certificates, pooled HBONE connections, plugin instances).
     for p in &pairs {
-        let (ip, bypass) = (p.server_ip, p.bypass);
-        let (_, failed, _) = p.in_a(move || {
-            conn_rate(
-                SocketAddr::from((ip, CLOSE)),
-                bypass,
-                Duration::from_millis(300),
-                4,
-            )
-        });
+        let failed = p.warm_up();
         if failed > 0 {
             let logs = p
                 .running

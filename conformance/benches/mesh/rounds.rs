@@ -111,6 +111,21 @@ impl Pair {
         t.down_mib += mib;
     }
 
+    /// One warm-up through the pair (certificates, pooled HBONE connections, plugin instances): 300 ms of new
+    /// connections, four at a time; how many failed.
+    pub(crate) fn warm_up(&self) -> u64 {
+        let (ip, bypass) = (self.server_ip, self.bypass);
+        let (_, failed, _) = self.in_a(move || {
+            conn_rate(
+                SocketAddr::from((ip, CLOSE)),
+                bypass,
+                Duration::from_millis(300),
+                4,
+            )
+        });
+        failed
+    }
+
     /// The `flow` part: one time-bounded flow each way, added to `t`.
     pub(crate) fn flow_slice(&self, secs: Duration, t: &mut Tally) {
         let (ip, bypass) = (self.server_ip, self.bypass);
