@@ -201,15 +201,9 @@ async fn main() {
         }
     }
     println!(
-        "weft in-pod bench ({}): pods with istio-cni's rules, proxies in in-pod mode over ZDS; client pod -> \
-         capture in the pod -> HBONE/mTLS -> server pod on node B (`<pair>`) or node A (`<pair>-same`); {} \
-         alternating rounds of {} MiB bulk, {:?} x {} connectors, {} RTT samples; median (min-max) over rounds",
-        if full { "full" } else { "smoke run" },
-        z.rounds,
-        z.mib,
-        z.window,
-        z.conc,
-        z.lat_n,
+        "weft in-pod bench: pods with istio-cni's rules, proxies in in-pod mode over ZDS; client pod -> capture in \
+         the pod -> HBONE/mTLS -> server pod on node B (`<pair>`) or node A (`<pair>-same`); {}",
+        z.describe(full)
     );
     if part("mem") && idle > 0 {
         memory(&pairs[..cross], idle);

@@ -200,14 +200,8 @@ async fn main() {
         }
     }
     println!(
-        "weft mesh bench ({}): two netns nodes per pair, capture -> HBONE/mTLS -> node B; {} alternating rounds of \
-         {} MiB bulk, {:?} x {} connectors, {} RTT samples; median (min-max) over rounds",
-        if full { "full" } else { "smoke run" },
-        z.rounds,
-        z.mib,
-        z.window,
-        z.conc,
-        z.lat_n,
+        "weft mesh bench: two netns nodes per pair, capture -> HBONE/mTLS -> node B; {}",
+        z.describe(full)
     );
     if part("mem") && idle > 0 {
         memory(&pairs, idle);

@@ -60,6 +60,22 @@ impl Sizes {
     }
 }
 
+impl Sizes {
+    /// What a run does, for its heading: "{rounds} alternating rounds of … RTT samples", and full or smoke.
+    pub(crate) fn describe(&self, full: bool) -> String {
+        format!(
+            "{}; {} alternating rounds of {} MiB bulk, {:?} x {} connectors, {} RTT samples; median (min-max) over \
+             rounds",
+            if full { "full" } else { "smoke run" },
+            self.rounds,
+            self.mib,
+            self.window,
+            self.conc,
+            self.lat_n,
+        )
+    }
+}
+
 /// Whether the part `what` is to run (`BENCH_ONLY` unset: every part).
 pub(crate) fn part(what: &str) -> bool {
     std::env::var("BENCH_ONLY").map_or(true, |v| v.split(',').any(|p| p.trim() == what))
